@@ -1,0 +1,55 @@
+"""The ``gated-qwen`` command.
+
+Each subcommand is a module of this package (found by name, so adding one needs no edit here) with
+``add_parser(subparsers)``, which registers its arguments and sets ``run``; the library work lives
+in the package's other modules, and a subcommand module imports them only when it runs. A user-facing
+error prints as one line on stderr and exits 2; ``GATED_QWEN_DEBUG=1`` shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import pkgutil
+import sys
+
+def build_parser() -> argparse.ArgumentParser:
+    from .. import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="gated-qwen",
+        description="Gated-attention Qwen3 models (arXiv 2505.06708) on current transformers.",
+    )
+    parser.add_argument("--version", action="version", version=f"gated-qwen {__version__}")
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for module in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        if not module.name.startswith("_"):
+            importlib.import_module(f"{__name__}.{module.name}").add_parser(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``gated-qwen`` with ``argv`` (default: the process arguments); returns the exit status.
+
+    >>> main(["inspect", "path/to/checkpoint"])  # doctest: +SKIP
+    0
+    """
+    from ..errors import GatedQwenError
+
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args) or 0
+    except (GatedQwenError, OSError, ValueError) as error:
+        if os.environ.get("GATED_QWEN_DEBUG"):
+            raise
+        message = str(error).strip() or type(error).__name__
+        print(f"gated-qwen {args.command}: error: {message}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"gated-qwen {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

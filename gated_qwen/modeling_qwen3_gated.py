@@ -1,0 +1,227 @@
+"""Qwen3Gated: transformers' Qwen3 with a sigmoid gate on each head's attention output.
+
+Only the attention differs from Qwen3 (arXiv 2505.06708): q_proj carries the gate logits as extra
+rows in the released layout (:mod:`gated_qwen.layout`), and ``sigmoid(gate)`` scales the output of
+scaled dot-product attention before o_proj. Everything else (decoder layer forward, masks, caches,
+generation, heads) is inherited from transformers' Qwen3.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from transformers.cache_utils import Cache
+from transformers.generation import GenerationMixin
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.models.qwen3.modeling_qwen3 import (
+    Qwen3Attention,
+    Qwen3DecoderLayer,
+    Qwen3ForCausalLM,
+    Qwen3ForSequenceClassification,
+    Qwen3MLP,
+    Qwen3Model,
+    Qwen3PreTrainedModel,
+    Qwen3RMSNorm,
+    Qwen3RotaryEmbedding,
+    apply_rotary_pos_emb,
+    eager_attention_forward,
+)
+from transformers.configuration_utils import PreTrainedConfig
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.utils import logging
+
+from .checkpoint import HUB_KWARGS, check_q_proj_layout, read_local_safetensors_header, resolve_weight_files
+from .configuration_qwen3_gated import Qwen3GatedConfig
+from .errors import CheckpointError
+from .layout import gate_dim, q_proj_rows, split_query_and_gate
+
+logger = logging.get_logger(__name__)
+
+
+class Qwen3GatedAttention(Qwen3Attention):
+    """Qwen3 attention whose q_proj also yields gate logits; QK-norm optional, as in the release."""
+
+    def __init__(self, config: Qwen3GatedConfig, layer_idx: int):
+        super().__init__(config, layer_idx)
+        self.gate_type = config.gate_type
+        self.gate_dim = gate_dim(config.gate_type, self.head_dim)
+        self.q_proj = nn.Linear(
+            config.hidden_size,
+            q_proj_rows(config.gate_type, config.num_attention_heads, self.head_dim),
+            bias=config.attention_bias,  # the config keeps it equal to qkv_bias
+        )
+        if not config.use_qk_norm:
+            self.q_norm = nn.Identity()
+            self.k_norm = nn.Identity()
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        attention_mask: torch.Tensor | None,
+        cache: Cache | None = None,
+        **kwargs,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        input_shape = hidden_states.shape[:-1]  # (B, T)
+        key_states = self.k_proj(hidden_states).view(*input_shape, -1, self.head_dim)  # (B, T, K, D)
+        value_states = self.v_proj(hidden_states).view(*input_shape, -1, self.head_dim)
+        # K is read off the key projection, not the config: under tensor parallelism this rank
+        # holds only its shard of kv groups (and of q_proj's rows, which are grouped the same way).
+        query_states, gate_logits = split_query_and_gate(
+            self.q_proj(hidden_states), key_states.shape[-2], self.head_dim, self.gate_dim
+        )  # views: (B, T, K, G, D) and (B, T, K, G, g)
+
+        query_states = self.q_norm(query_states).reshape(*input_shape, -1, self.head_dim).transpose(1, 2)  # (B, H, T, D)
+        key_states = self.k_norm(key_states).transpose(1, 2)  # (B, K, T, D)
+        value_states = value_states.transpose(1, 2)
+
+        cos, sin = position_embeddings
+        query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
+
+        if cache is not None:
+            key_states, value_states = cache.update(key_states, value_states, self.layer_idx, kwargs=kwargs)
+
+        attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
+            self.config._attn_implementation, eager_attention_forward
+        )
+        attn_output, attn_weights = attention_interface(
+            self,
+            query_states,
+            key_states,
+            value_states,
+            attention_mask,
+            dropout=0.0 if not self.training else self.attention_dropout,
+            scaling=self.scaling,
+            sliding_window=self.sliding_window,
+            **kwargs,
+        )  # (B, T, H, D)
+
+        if self.gate_dim:
+            gate = torch.sigmoid(gate_logits.reshape(*input_shape, -1, self.gate_dim))  # (B, T, H, g)
+            attn_output = attn_output * gate  # in the model's dtype, as the released code does
+        attn_output = self.o_proj(attn_output.reshape(*input_shape, -1))
+        return attn_output, attn_weights
+
+
+class Qwen3GatedDecoderLayer(Qwen3DecoderLayer):
+    def __init__(self, config: Qwen3GatedConfig, layer_idx: int):
+        GradientCheckpointingLayer.__init__(self)
+        self.hidden_size = config.hidden_size
+        self.self_attn = Qwen3GatedAttention(config=config, layer_idx=layer_idx)
+        self.mlp = Qwen3MLP(config)
+        self.input_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+
+class Qwen3GatedPreTrainedModel(Qwen3PreTrainedModel):
+    config_class = Qwen3GatedConfig
+    config: Qwen3GatedConfig
+    _no_split_modules = ["Qwen3GatedDecoderLayer"]
+    _can_record_outputs = {
+        "hidden_states": Qwen3GatedDecoderLayer,
+        "attentions": Qwen3GatedAttention,
+    }
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
+        """transformers' ``from_pretrained``, strict about the checkpoint matching the config.
+
+        Before any weight is read, each q_proj's shape (from the safetensors headers) is checked against
+        the config's gate type; after loading, a weight the model did not take (unexpected) or one it
+        had to initialise (missing) is an error rather than a log line. Both raise
+        :class:`~gated_qwen.errors.CheckpointError`. Python files beside the weights are never imported.
+
+        >>> model = Qwen3GatedForCausalLM.from_pretrained("path/to/1B_gate_headwise")  # doctest: +SKIP
+        """
+        output_loading_info = kwargs.pop("output_loading_info", False)
+        if kwargs.get("trust_remote_code"):
+            raise CheckpointError(
+                "trust_remote_code is not needed for Qwen3Gated and is refused: this class never runs code from a checkpoint"
+            )
+        config = kwargs.get("config")
+        checkable = pretrained_model_name_or_path is not None and not (
+            kwargs.get("state_dict") is not None or kwargs.get("gguf_file") or kwargs.get("from_tf")
+        )
+        if checkable:
+            if not isinstance(config, PreTrainedConfig):
+                overrides = {k: v for k, v in kwargs.items() if k in cls.config_class.__dataclass_fields__}
+                config = cls.config_class.from_pretrained(
+                    config or pretrained_model_name_or_path,
+                    **{k: v for k, v in kwargs.items() if k in HUB_KWARGS},
+                    **overrides,
+                )
+            tensors = {}
+            for file in resolve_weight_files(pretrained_model_name_or_path, **kwargs):
+                tensors.update(read_local_safetensors_header(file))
+            check_q_proj_layout(config, tensors, str(pretrained_model_name_or_path))
+
+        model, loading_info = super().from_pretrained(
+            pretrained_model_name_or_path, *model_args, output_loading_info=True, **kwargs
+        )
+        for kind in ("unexpected_keys", "missing_keys"):
+            keys = sorted(loading_info.get(kind) or ())
+            if keys:
+                shown = ", ".join(keys[:4]) + (f" and {len(keys) - 4} more" if len(keys) > 4 else "")
+                what = "has weights the model has no place for" if kind == "unexpected_keys" else "lacks weights the model needs"
+                raise CheckpointError(
+                    f"{pretrained_model_name_or_path} {what}: {shown}. The config does not describe these weights "
+                    "(check use_qk_norm, qkv_bias, tie_word_embeddings, num_hidden_layers against the checkpoint)."
+                )
+        return (model, loading_info) if output_loading_info else model
+
+
+class Qwen3GatedModel(Qwen3GatedPreTrainedModel, Qwen3Model):
+    """The bare Qwen3Gated decoder, returning hidden states.
+
+    >>> from gated_qwen import Qwen3GatedConfig, Qwen3GatedModel
+    >>> config = Qwen3GatedConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+    ...                           num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+    ...                           headwise_attn_output_gate=True)
+    >>> Qwen3GatedModel(config)(torch.tensor([[1, 2, 3]])).last_hidden_state.shape
+    torch.Size([1, 3, 32])
+    """
+
+    def __init__(self, config: Qwen3GatedConfig):
+        Qwen3GatedPreTrainedModel.__init__(self, config)
+        self.padding_idx = config.pad_token_id
+        self.vocab_size = config.vocab_size
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, self.padding_idx)
+        self.layers = nn.ModuleList(
+            [Qwen3GatedDecoderLayer(config, layer_idx) for layer_idx in range(config.num_hidden_layers)]
+        )
+        self.norm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.rotary_emb = Qwen3RotaryEmbedding(config=config)
+        self.gradient_checkpointing = False
+        self.has_sliding_layers = "sliding_attention" in self.config.layer_types
+        self.post_init()
+
+
+class Qwen3GatedForCausalLM(Qwen3GatedPreTrainedModel, Qwen3ForCausalLM, GenerationMixin):
+    """Qwen3Gated with a language-model head; loads the released checkpoints directly.
+
+    >>> from gated_qwen import Qwen3GatedForCausalLM
+    >>> model = Qwen3GatedForCausalLM.from_pretrained("QwQZh/gated_attention", subfolder="1B_gate_headwise")  # doctest: +SKIP
+    """
+
+    def __init__(self, config: Qwen3GatedConfig):
+        Qwen3GatedPreTrainedModel.__init__(self, config)
+        self.model = Qwen3GatedModel(config)
+        self.vocab_size = config.vocab_size
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+
+class Qwen3GatedForSequenceClassification(Qwen3GatedPreTrainedModel, Qwen3ForSequenceClassification):
+    """Qwen3Gated with a classification head on the last non-padding token (built via AutoModel)."""
+
+
+__all__ = [
+    "Qwen3GatedAttention",
+    "Qwen3GatedDecoderLayer",
+    "Qwen3GatedForCausalLM",
+    "Qwen3GatedForSequenceClassification",
+    "Qwen3GatedModel",
+    "Qwen3GatedPreTrainedModel",
+]
