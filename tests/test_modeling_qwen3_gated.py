@@ -1,0 +1,277 @@
+import json
+
+import pytest
+import torch
+from conftest import tiny_config, write_released_checkpoint
+from torch import nn
+from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, Qwen3Config, Qwen3ForCausalLM
+
+from gated_qwen import Qwen3GatedConfig, Qwen3GatedForCausalLM, Qwen3GatedForSequenceClassification
+from gated_qwen.errors import CheckpointError
+
+
+def load(folder, **kwargs):
+    return Qwen3GatedForCausalLM.from_pretrained(folder, **kwargs).eval()
+
+
+def ids(batch=2, length=9, vocab=96, seed=0):
+    return torch.randint(3, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"qkv_bias": True, "tie_word_embeddings": True}, {"num_key_value_heads": 4}])
+def test_no_gate_equals_transformers_qwen3(kwargs):
+    torch.manual_seed(0)
+    gated = Qwen3GatedForCausalLM(tiny_config(gate="none", **kwargs)).eval()
+    stock_config = Qwen3Config(**{k: v for k, v in gated.config.to_dict().items() if k in Qwen3Config.__dataclass_fields__})
+    stock = Qwen3ForCausalLM(stock_config).eval()
+    assert set(stock.state_dict()) == set(gated.state_dict())
+    stock.load_state_dict(gated.state_dict())
+    with torch.no_grad():
+        assert torch.equal(gated(ids()).logits, stock(ids()).logits)
+
+
+def reference_without_gate(spec, layer_input_config):
+    """transformers' own Qwen3 holding only the query rows of the spec: it computes the ungated SDPA output."""
+    cfg = spec["config"]
+    stock = Qwen3ForCausalLM(
+        Qwen3Config(**{k: v for k, v in layer_input_config.to_dict().items() if k in Qwen3Config.__dataclass_fields__})
+    ).eval()
+    state = {k: v for k, v in spec["tensors"].items() if "q_proj" not in k}
+    for i, layer in enumerate(spec["layers"]):
+        state[f"model.layers.{i}.self_attn.q_proj.weight"] = torch.cat(layer["query_rows"])
+        if cfg["qkv_bias"]:
+            state[f"model.layers.{i}.self_attn.q_proj.bias"] = torch.cat(layer["query_bias"])
+    if not cfg["use_qk_norm"]:
+        for layer in stock.model.layers:
+            layer.self_attn.q_norm, layer.self_attn.k_norm = nn.Identity(), nn.Identity()
+    missing, unexpected = stock.load_state_dict(state, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}
+    if cfg["tie_word_embeddings"]:
+        stock.tie_weights()
+    return stock
+
+
+def o_proj_input(model, inputs):
+    captured = {}
+
+    def keep(name):
+        def hook(module, args):
+            captured[name] = args[0]  # returns None: the forward is left as it is
+
+        return hook
+
+    attn = model.model.layers[0].self_attn
+    hooks = [attn.q_proj.register_forward_pre_hook(keep("x")), attn.o_proj.register_forward_pre_hook(keep("o_in"))]
+    with torch.no_grad():
+        model(inputs)
+    for hook in hooks:
+        hook.remove()
+    return captured["x"], captured["o_in"]
+
+
+@pytest.mark.parametrize("gate", ["headwise", "elementwise"])
+@pytest.mark.parametrize("num_key_value_heads", [2, 4])  # 2 query heads per kv head, and 1
+@pytest.mark.parametrize("qkv_bias", [False, True])
+@pytest.mark.parametrize("use_qk_norm", [True, False])
+@pytest.mark.parametrize("tie_word_embeddings", [False, True])
+def test_applied_gate_is_sigmoid_of_the_written_rows(
+    released_checkpoint, gate, num_key_value_heads, qkv_bias, use_qk_norm, tie_word_embeddings
+):
+    folder, spec = released_checkpoint(
+        gate=gate, num_key_value_heads=num_key_value_heads, qkv_bias=qkv_bias, use_qk_norm=use_qk_norm,
+        tie_word_embeddings=tie_word_embeddings, num_hidden_layers=1, gate_scale=2.0,
+    )
+    model = load(folder, attn_implementation="eager")
+    assert model.config.gate_type == gate
+    inputs = ids()
+    x, gated_out = o_proj_input(model, inputs)  # (B, T, hidden), (B, T, H*D)
+    _, ungated_out = o_proj_input(reference_without_gate(spec, model.config), inputs)
+
+    layer = spec["layers"][0]
+    H, D = model.config.num_attention_heads, model.config.head_dim
+    for h in range(H):
+        logits = x @ layer["gate_rows"][h].T  # (B, T, g)
+        if qkv_bias:
+            logits = logits + layer["gate_bias"][h]
+        expected = ungated_out[..., h * D : (h + 1) * D] * torch.sigmoid(logits)
+        torch.testing.assert_close(gated_out[..., h * D : (h + 1) * D], expected, rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(gated_out, ungated_out * 0.5, atol=1e-3)  # the gate is not trivial here
+
+
+@pytest.fixture
+def headwise(released_checkpoint):
+    folder, _ = released_checkpoint(gate="headwise", gate_scale=2.0)
+    return folder
+
+
+def test_attention_implementations_agree(headwise):
+    model = load(headwise)
+    inputs = ids()
+    outputs = {}
+    with torch.no_grad():
+        for implementation in ("eager", "sdpa", "flex_attention"):
+            model.set_attn_implementation(implementation)
+            outputs[implementation] = model(inputs).logits
+    torch.testing.assert_close(outputs["sdpa"], outputs["eager"], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(outputs["flex_attention"], outputs["eager"], rtol=1e-5, atol=1e-5)
+
+
+def test_output_attentions_returns_causal_probabilities(headwise):
+    model = load(headwise, attn_implementation="eager")
+    with torch.no_grad():
+        attentions = model(ids(), output_attentions=True).attentions
+    assert len(attentions) == model.config.num_hidden_layers
+    assert attentions[0].shape == (2, model.config.num_attention_heads, 9, 9)
+    torch.testing.assert_close(attentions[0].sum(-1), torch.ones(2, 4, 9))
+    assert torch.all(attentions[0].triu(1) == 0)
+
+
+def uncached_greedy(model, inputs, steps):
+    sequence = inputs
+    with torch.no_grad():
+        for _ in range(steps):
+            next_token = model(sequence, use_cache=False).logits[:, -1].argmax(-1, keepdim=True)
+            sequence = torch.cat([sequence, next_token], dim=-1)
+    return sequence
+
+
+@pytest.mark.parametrize("cache_implementation", [None, "static"])
+def test_cached_greedy_decoding_equals_uncached_forward(headwise, cache_implementation):
+    model = load(headwise)
+    inputs = ids(batch=1, length=5)
+    generated = model.generate(
+        inputs, max_new_tokens=8, do_sample=False, cache_implementation=cache_implementation,
+        pad_token_id=0, eos_token_id=None,
+    )
+    assert torch.equal(generated, uncached_greedy(model, inputs, 8))
+
+
+def test_left_padded_batch_equals_each_row_alone(headwise):
+    model = load(headwise)
+    rows = [ids(1, 7, seed=1)[0], ids(1, 4, seed=2)[0]]
+    width = max(len(r) for r in rows)
+    batch = torch.stack([torch.cat([torch.zeros(width - len(r), dtype=torch.long), r]) for r in rows])
+    mask = torch.stack([torch.cat([torch.zeros(width - len(r)), torch.ones(len(r))]) for r in rows]).long()
+    with torch.no_grad():
+        batched = model(batch, attention_mask=mask).logits
+        for i, row in enumerate(rows):
+            alone = model(row[None]).logits[0]
+            torch.testing.assert_close(batched[i, width - len(row) :], alone, rtol=1e-4, atol=1e-5)
+    generated = model.generate(batch, attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=0, eos_token_id=None)
+    for i, row in enumerate(rows):
+        alone = model.generate(row[None], max_new_tokens=5, do_sample=False, pad_token_id=0, eos_token_id=None)
+        assert torch.equal(generated[i, width:], alone[0, len(row) :])
+
+
+def test_save_and_reload_through_auto_model(headwise, tmp_path):
+    model = load(headwise)
+    model.save_pretrained(tmp_path / "saved")
+    saved = json.loads((tmp_path / "saved" / "config.json").read_text())
+    assert saved["model_type"] == "qwen3_gated" and saved["headwise_attn_output_gate"] is True
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "saved").eval()
+    assert type(reloaded) is Qwen3GatedForCausalLM
+    with torch.no_grad():
+        assert torch.equal(reloaded(ids()).logits, model(ids()).logits)
+
+
+def test_sequence_classification_through_auto_classes(headwise):
+    config = Qwen3GatedConfig.from_pretrained(headwise)
+    config.pad_token_id = 0
+    classifier = AutoModelForSequenceClassification.from_config(config)
+    assert type(classifier) is Qwen3GatedForSequenceClassification
+    assert classifier(ids()).logits.shape == (2, 2)
+
+
+@pytest.mark.parametrize(
+    "written,declared",
+    [("headwise", "elementwise"), ("headwise", "none"), ("elementwise", "headwise"), ("none", "headwise")],
+)
+def test_a_q_proj_that_does_not_fit_the_config_is_refused(tmp_path, written, declared):
+    write_released_checkpoint(tmp_path, gate=written)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["headwise_attn_output_gate"] = declared == "headwise"
+    config["elementwise_attn_output_gate"] = declared == "elementwise"
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError) as error:
+        load(tmp_path)
+    message = str(error.value)
+    rows = {"none": 32, "headwise": 36, "elementwise": 64}
+    assert "model.layers.0.self_attn.q_proj.weight" in message
+    assert f"({rows[written]}, 32)" in message and f"({rows[declared]}, 32)" in message
+    assert f"a {written!r} gate" in message
+
+
+@pytest.mark.parametrize(
+    "written,declared,kind",
+    [({"use_qk_norm": True}, {"use_qk_norm": False}, "no place for"), ({"use_qk_norm": False}, {"use_qk_norm": True}, "lacks"),
+     ({"qkv_bias": True}, {"qkv_bias": False}, "no place for"), ({"tie_word_embeddings": True}, {"tie_word_embeddings": False}, "lacks")],
+)
+def test_no_weight_is_silently_dropped_or_initialised(tmp_path, written, declared, kind):
+    write_released_checkpoint(tmp_path, **written)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config.update(declared)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=kind):
+        load(tmp_path)
+
+
+def test_code_beside_the_weights_is_never_imported(headwise):
+    assert "raise RuntimeError" in (headwise / "modeling_qwen3.py").read_text()
+    assert load(headwise).config.gate_type == "headwise"
+    with pytest.raises(CheckpointError, match="trust_remote_code"):
+        load(headwise, trust_remote_code=True)
+
+
+def test_bf16_forward_stays_close_to_fp32(headwise):
+    fp32 = load(headwise)
+    bf16 = load(headwise, dtype=torch.bfloat16)
+    assert bf16.model.layers[0].self_attn.q_proj.weight.dtype == torch.bfloat16
+    with torch.no_grad():
+        reference, low = fp32(ids()).logits, bf16(ids()).logits.float()
+    assert (low - reference).abs().max() < 0.05 * reference.abs().max()
+    assert torch.equal(low.argmax(-1), reference.argmax(-1)) or (low.argmax(-1) == reference.argmax(-1)).float().mean() > 0.9
+
+
+def test_gradient_checkpointing_gives_the_same_gradients(headwise):
+    grads = []
+    for checkpointing in (False, True):
+        model = load(headwise).train()
+        if checkpointing:
+            model.activation_checkpointing_enable()
+        inputs = ids()
+        model(inputs, labels=inputs).loss.backward()
+        grads.append(model.model.layers[0].self_attn.q_proj.weight.grad)
+    assert grads[0].abs().sum() > 0
+    torch.testing.assert_close(grads[1], grads[0])
+
+
+def test_device_map_keeps_decoder_layers_whole(released_checkpoint, tmp_path):
+    from accelerate import infer_auto_device_map, init_empty_weights
+    from accelerate.utils import compute_module_sizes
+
+    folder, _ = released_checkpoint(gate="headwise", hidden_size=64, num_hidden_layers=4)
+    with init_empty_weights():
+        empty = Qwen3GatedForCausalLM(Qwen3GatedConfig.from_pretrained(folder))
+    sizes = compute_module_sizes(empty)
+    # room on "cpu" for the embedding and 2.5 layers: the rest goes to disk, cut at a layer boundary
+    budget = {"cpu": sizes["model.embed_tokens"] + 2.5 * sizes["model.layers.0"], "disk": 10**9}
+    device_map = infer_auto_device_map(empty, max_memory=budget, no_split_module_classes=empty._no_split_modules)
+    assert set(device_map.values()) == {"cpu", "disk"}
+    assert all(key.count(".") <= 2 for key in device_map if key.startswith("model.layers"))
+    offloaded = load(folder, device_map=device_map, offload_folder=str(tmp_path / "offload"))
+    with torch.no_grad():
+        assert torch.equal(offloaded(ids()).logits, load(folder)(ids()).logits)
+
+
+def test_tensor_parallel_plan_shards_q_proj_with_its_gate_rows():
+    plan = Qwen3GatedConfig.base_model_tp_plan
+    assert plan["layers.*.self_attn.q_proj"] == "colwise" and plan["layers.*.self_attn.o_proj"] == "rowwise"
+    # A colwise shard of a headwise q_proj (K=2 over 2 ranks) holds whole kv groups: its local split,
+    # with K read from its k_proj shard as the forward does, is the matching half of the global one.
+    from gated_qwen.layout import split_query_and_gate
+
+    weight = torch.randn(2 * (2 * 8 + 2), 32)  # K=2, G=2, D=8, g=1
+    query, gate = split_query_and_gate(weight, 2, 8, 1, dim=0)
+    for rank, shard in enumerate(weight.chunk(2, dim=0)):
+        local_query, local_gate = split_query_and_gate(shard, 1, 8, 1, dim=0)
+        assert torch.equal(local_query, query[rank : rank + 1]) and torch.equal(local_gate, gate[rank : rank + 1])
