@@ -12,6 +12,7 @@ from .modeling_qwen3_gated import (
     Qwen3GatedModel,
     Qwen3GatedPreTrainedModel,
 )
+from .conversion import convert_checkpoint, convert_qwen3_to_gated
 
 __version__ = "0.1.0"
 
@@ -27,4 +28,6 @@ __all__ = [
     "Qwen3GatedModel",
     "Qwen3GatedPreTrainedModel",
     "__version__",
+    "convert_checkpoint",
+    "convert_qwen3_to_gated",
 ]

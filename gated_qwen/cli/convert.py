@@ -1,0 +1,60 @@
+"""``gated-qwen convert``: write the gated variant of a stock Qwen3 checkpoint."""
+
+from __future__ import annotations
+
+
+def add_parser(subparsers) -> None:
+    from ..conversion import DTYPES, GATES, INITS
+
+    parser = subparsers.add_parser(
+        "convert",
+        help="convert a stock Qwen3 checkpoint into a gated one",
+        description="Stream a Qwen3 checkpoint (a folder or a hub id) tensor by tensor into a Qwen3Gated "
+        "checkpoint: q_proj grows by the gate rows; with --init identity (default) the converted model "
+        "computes exactly what the source did. SRC is only read; DST is written atomically.",
+    )
+    parser.add_argument("src", metavar="SRC", help="a Qwen3 checkpoint folder or a hub id, e.g. Qwen/Qwen3-0.6B")
+    parser.add_argument("dst", metavar="DST", help="the folder to write (must not exist or be empty, unless --overwrite)")
+    parser.add_argument("--gate", choices=GATES, default="headwise", help="gate type (default: headwise)")
+    parser.add_argument(
+        "--init",
+        choices=INITS,
+        default="identity",
+        help="identity: zero gate rows and doubled o_proj, the same outputs bit for bit (default); "
+        "random: gate rows drawn like the model's initializer",
+    )
+    parser.add_argument(
+        "--dtype", choices=list(DTYPES), default="auto", help="weight dtype (default: as stored)"
+    )
+    parser.add_argument("--max-shard-size", default="5GB", help="largest safetensors shard, e.g. 5GB or 500MB (default: 5GB)")
+    parser.add_argument("--overwrite", action="store_true", help="replace DST if it exists and is not empty")
+    parser.add_argument("--revision", default=None, help="hub branch, tag or commit of SRC")
+    parser.add_argument("--subfolder", default="", help="folder inside SRC holding the checkpoint")
+    parser.add_argument("--verify", action="store_true", help="load SRC and DST on CPU and print the largest logit difference")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.set_defaults(run=run)
+
+
+def run(args) -> int:
+    from ..conversion import convert_checkpoint
+
+    result = convert_checkpoint(
+        args.src,
+        args.dst,
+        gate=args.gate,
+        init=args.init,
+        dtype=args.dtype,
+        max_shard_size=args.max_shard_size,
+        overwrite=args.overwrite,
+        revision=args.revision,
+        subfolder=args.subfolder,
+        verify=args.verify,
+        progress=not args.quiet,
+    )
+    print(
+        f"wrote {result.path}: {args.gate} gate, {args.init} init, {result.total_size / 1e6:,.1f} MB in "
+        f"{len(result.files)} file{'s' if len(result.files) > 1 else ''}"
+    )
+    if result.max_difference is not None:
+        print(f"largest logit difference from {args.src}: {result.max_difference:g}")
+    return 0
