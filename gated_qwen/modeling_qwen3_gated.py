@@ -13,7 +13,6 @@ from collections.abc import Callable
 import torch
 from torch import nn
 from transformers.cache_utils import Cache
-from transformers.generation import GenerationMixin
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.qwen3.modeling_qwen3 import (
     Qwen3Attention,
@@ -198,7 +197,7 @@ class Qwen3GatedModel(Qwen3GatedPreTrainedModel, Qwen3Model):
         self.post_init()
 
 
-class Qwen3GatedForCausalLM(Qwen3GatedPreTrainedModel, Qwen3ForCausalLM, GenerationMixin):
+class Qwen3GatedForCausalLM(Qwen3GatedPreTrainedModel, Qwen3ForCausalLM):
     """Qwen3Gated with a language-model head; loads the released checkpoints directly.
 
     >>> from gated_qwen import Qwen3GatedForCausalLM
