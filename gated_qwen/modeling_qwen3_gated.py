@@ -122,6 +122,9 @@ class Qwen3GatedPreTrainedModel(Qwen3PreTrainedModel):
         "hidden_states": Qwen3GatedDecoderLayer,
         "attentions": Qwen3GatedAttention,
     }
+    # Keys under this prefix must load exactly; a task head outside it (a new classifier's score
+    # layer, an unused lm_head) is left to transformers' usual handling.
+    _strict_key_prefix = ""
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
@@ -160,7 +163,7 @@ class Qwen3GatedPreTrainedModel(Qwen3PreTrainedModel):
             pretrained_model_name_or_path, *model_args, output_loading_info=True, **kwargs
         )
         for kind in ("unexpected_keys", "missing_keys"):
-            keys = sorted(loading_info.get(kind) or ())
+            keys = sorted(k for k in loading_info.get(kind) or () if k.startswith(cls._strict_key_prefix))
             if keys:
                 shown = ", ".join(keys[:4]) + (f" and {len(keys) - 4} more" if len(keys) > 4 else "")
                 what = "has weights the model has no place for" if kind == "unexpected_keys" else "lacks weights the model needs"
@@ -213,7 +216,13 @@ class Qwen3GatedForCausalLM(Qwen3GatedPreTrainedModel, Qwen3ForCausalLM):
 
 
 class Qwen3GatedForSequenceClassification(Qwen3GatedPreTrainedModel, Qwen3ForSequenceClassification):
-    """Qwen3Gated with a classification head on the last non-padding token (built via AutoModel)."""
+    """Qwen3Gated with a classification head on the last non-padding token (built via AutoModel).
+
+    Loading a causal-LM checkpoint into it is strict about the decoder and, as in transformers,
+    starts the ``score`` head fresh (and drops ``lm_head``).
+    """
+
+    _strict_key_prefix = "model."
 
 
 __all__ = [

@@ -180,6 +180,10 @@ def test_sequence_classification_through_auto_classes(headwise):
     classifier = AutoModelForSequenceClassification.from_config(config)
     assert type(classifier) is Qwen3GatedForSequenceClassification
     assert classifier(ids()).logits.shape == (2, 2)
+    # from a causal-LM checkpoint: the decoder loads exactly, the score head starts fresh
+    loaded = Qwen3GatedForSequenceClassification.from_pretrained(headwise, pad_token_id=0)
+    assert type(loaded) is Qwen3GatedForSequenceClassification
+    assert torch.equal(loaded.model.embed_tokens.weight, load(headwise).model.embed_tokens.weight)
 
 
 @pytest.mark.parametrize(
