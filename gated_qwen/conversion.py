@@ -142,7 +142,8 @@ def source_config_from_dict(config_dict: dict, source: str = "the model") -> Qwe
     try:
         return Qwen3GatedConfig.from_dict(config_dict)
     except Exception as error:  # strict dataclass validation raises several error types
-        raise CheckpointError(f"the config of {source} is not a valid Qwen3 config: {error}") from None
+        reason = " ".join(str(error).split())  # validation messages span lines; the CLI prints one
+        raise CheckpointError(f"the config of {source} is not a valid Qwen3 config: {reason}") from None
 
 
 def _head_dim(config) -> int:
@@ -259,15 +260,13 @@ def convert_qwen3_to_gated(model: nn.Module, gate: str = "headwise", init: str =
     gated.train(model.training)
     if getattr(model, "generation_config", None) is not None and hasattr(gated, "generation_config"):
         gated.generation_config = copy.deepcopy(model.generation_config)
+    # transformers keeps hf_device_map (and accelerate's hooks that move activations between
+    # devices) only for a model spread over several devices; the new modules need hooks of their own.
     device_map = getattr(model, "hf_device_map", None)
-    if device_map:
-        if len(set(device_map.values())) > 1:
-            from accelerate import dispatch_model
+    if device_map and len(set(device_map.values())) > 1:
+        from accelerate import dispatch_model
 
-            # the source's hooks move activations between devices; the new modules need their own
-            gated = dispatch_model(gated, device_map=device_map)
-        else:
-            gated.hf_device_map = dict(device_map)
+        gated = dispatch_model(gated, device_map=device_map, skip_keys=gated._skip_keys_device_placement)
     return gated
 
 
