@@ -28,7 +28,7 @@ import json
 import os
 import shutil
 import struct
-import tempfile
+import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -360,7 +360,8 @@ def convert_checkpoint(
     split = _split_into_shards(plan, max_shard_size)
 
     dst.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", suffix=".partial", dir=dst.parent))
+    staging = dst.parent / f".{dst.name}.{uuid.uuid4().hex[:8]}.partial"
+    staging.mkdir()  # not tempfile.mkdtemp: its 0700 mode would become DST's
     try:
         total_size = sum(_nbytes(info) for info in plan.values())
         from tqdm.auto import tqdm
@@ -380,9 +381,9 @@ def convert_checkpoint(
         max_difference = _max_logit_difference(gated_class, folder, staging) if verify else None
 
         if dst.exists():
-            replaced = dst.rename(Path(tempfile.mkdtemp(prefix=f".{dst.name}.", suffix=".old", dir=dst.parent)) / "old")
+            replaced = dst.rename(staging.with_suffix(".old"))
             staging.rename(dst)
-            shutil.rmtree(replaced.parent)
+            shutil.rmtree(replaced)
         else:
             staging.rename(dst)
     except BaseException:

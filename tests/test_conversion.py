@@ -266,6 +266,9 @@ def test_on_disk_writes_a_complete_checkpoint(tmp_path):
         assert (result.path / name).read_bytes() == (source / name).read_bytes(), name
     assert not list(result.path.glob("*.py"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["gated", "stock"]  # no temporary folder left
+    (tmp_path / "fresh").mkdir()
+    assert result.path.stat().st_mode == (tmp_path / "fresh").stat().st_mode  # as if made by mkdir, not 0700
+    (tmp_path / "fresh").rmdir()
 
     from transformers import AutoTokenizer
 
