@@ -1,0 +1,88 @@
+"""``gated-qwen train``: train a Qwen3Gated model from scratch on plain text (see :mod:`gated_qwen.training`)."""
+
+from __future__ import annotations
+
+import json
+
+
+def add_parser(subparsers) -> None:
+    from ..training import TrainingArguments
+
+    defaults = TrainingArguments(train_file="", output_dir="")
+    parser = subparsers.add_parser(
+        "train",
+        help="train a small gated (or baseline) model from scratch",
+        description="Train a Qwen3Gated model from scratch: byte-level BPE tokenizer, AdamW with warmup and cosine "
+        "decay, held-out loss every --eval-every steps, log.csv, loss.png, resumable checkpoints, the model in "
+        "OUT/final. Runs on CPU, one GPU, or several under `accelerate launch`.",
+    )
+    data = parser.add_argument_group("data")
+    data.add_argument("--train-file", required=True, help="training text: .jsonl with a \"text\" field per line, or .txt")
+    data.add_argument("--heldout-file", help="held-out text, same formats; evaluated every --eval-every steps")
+    data.add_argument("--tokenizer", help="a tokenizer folder to use instead of training one")
+    data.add_argument("--vocab-size", type=int, default=defaults.vocab_size, help="BPE vocabulary to train (default %(default)s)")
+    data.add_argument("--seq-len", type=int, default=defaults.seq_len, help="tokens per row (default %(default)s)")
+    model = parser.add_argument_group("model")
+    model.add_argument("--config", help="a config.json for the architecture, e.g. configs/small_4M.json")
+    model.add_argument("--gate", choices=("none", "headwise", "elementwise"), help="the gate (overrides the config)")
+    optim = parser.add_argument_group("optimisation")
+    optim.add_argument("--batch-size", type=int, default=defaults.batch_size, help="rows per step per process (default %(default)s)")
+    budget = optim.add_mutually_exclusive_group(required=True)
+    budget.add_argument("--max-steps", type=int, help="optimizer steps")
+    budget.add_argument("--max-tokens", type=int, help="token budget (sets the steps)")
+    optim.add_argument("--lr", type=float, default=defaults.learning_rate, help="peak learning rate (default %(default)s)")
+    optim.add_argument("--min-lr-rate", type=float, default=defaults.min_lr_rate, help="final lr / peak lr (default %(default)s)")
+    optim.add_argument("--warmup-steps", type=int, default=defaults.warmup_steps, help="linear warmup (default %(default)s)")
+    optim.add_argument("--weight-decay", type=float, default=defaults.weight_decay, help="AdamW weight decay (default %(default)s)")
+    optim.add_argument("--max-grad-norm", type=float, default=defaults.max_grad_norm, help="gradient clipping (default %(default)s)")
+    optim.add_argument("--precision", choices=("auto", "bf16", "fp32"), default=defaults.precision,
+                       help="auto: bf16 autocast on a GPU that supports it, else fp32 (default %(default)s)")
+    optim.add_argument("--seed", type=int, default=defaults.seed, help="weights and data order (default %(default)s)")
+    run = parser.add_argument_group("run")
+    run.add_argument("--out", required=True, help="output folder")
+    run.add_argument("--resume", metavar="DIR", help="continue from a checkpoint folder or an output folder's latest")
+    run.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+    run.add_argument("--eval-every", type=int, default=defaults.eval_every, help="steps between evaluations (default %(default)s)")
+    run.add_argument("--eval-rows", type=int, default=defaults.eval_rows, help="held-out rows per evaluation (default %(default)s)")
+    run.add_argument("--save-every", type=int, default=defaults.save_every, help="steps between checkpoints; 0: at the end only")
+    run.add_argument("--threads", type=int, help="torch CPU threads")
+    run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.set_defaults(run=run_train)
+
+
+def run_train(args) -> int:
+    from ..training import TrainingArguments, train
+
+    for name in ("vocab_size", "seq_len", "batch_size", "max_steps", "max_tokens", "eval_every", "eval_rows"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+    training_args = TrainingArguments(
+        train_file=args.train_file,
+        output_dir=args.resume if args.resume and not args.out else args.out,
+        heldout_file=args.heldout_file,
+        config=args.config,
+        gate=args.gate,
+        tokenizer=args.tokenizer,
+        vocab_size=args.vocab_size,
+        seq_len=args.seq_len,
+        batch_size=args.batch_size,
+        max_steps=args.max_steps,
+        max_tokens=args.max_tokens,
+        learning_rate=args.lr,
+        min_lr_rate=args.min_lr_rate,
+        warmup_steps=args.warmup_steps,
+        weight_decay=args.weight_decay,
+        max_grad_norm=args.max_grad_norm,
+        precision=args.precision,
+        eval_every=args.eval_every,
+        eval_rows=args.eval_rows,
+        save_every=args.save_every,
+        seed=args.seed,
+        threads=args.threads,
+        overwrite=args.overwrite,
+        progress=not args.no_progress,
+    )
+    summary = train(training_args, resume=args.resume)
+    print(json.dumps(summary, indent=2))
+    return 0

@@ -1,0 +1,594 @@
+"""Train a Qwen3Gated model from scratch on plain text.
+
+The pieces, each usable alone:
+
+* :func:`read_documents` reads ``.jsonl`` (one ``{"text": ...}`` per line) or ``.txt`` (one document per file);
+* :func:`train_tokenizer` trains a byte-level BPE with the tokenizers library;
+* :func:`pack_documents` tokenizes documents into one stream, an end-of-text token after each, and
+  :class:`PackedBatches` cuts it into fixed-length rows in a seeded order that depends only on the seed and
+  the step, so "the data position" of a checkpoint is just its step;
+* :func:`evaluate` gives held-out loss and perplexity, :func:`unigram_perplexity` the floor a model that
+  ignores context reaches on the same tokens;
+* :func:`train` runs AdamW with linear warmup and cosine decay, gradient clipping, bf16 autocast on devices
+  that support it, and an :class:`accelerate.Accelerator`, so the same code runs on CPU, one GPU, or several
+  under ``accelerate launch`` (data parallel: each process takes its rows of every global batch). It logs to
+  ``log.csv``, plots ``loss.png`` when matplotlib is installed, saves ``checkpoint-STEP/`` folders that
+  :func:`train` resumes from (model, optimizer, scheduler and RNG through ``Accelerator.save_state``, step and
+  tokens in ``trainer_state.json``), and the trained model with its tokenizer in ``final/``.
+
+Two runs with the same seed, data, token budget and architecture see the same rows in the same order, with
+weights initialised from the same seed, so arms that differ only in ``gate`` are a matched comparison.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import math
+import shutil
+import time
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+from .configuration_qwen3_gated import Qwen3GatedConfig
+from .errors import GatedQwenError
+
+from transformers.utils import logging
+
+
+logger = logging.get_logger(__name__)
+
+EOS_TOKEN = "<|endoftext|>"
+PAD_TOKEN = "<|pad|>"
+LOG_FIELDS = ("step", "tokens", "lr", "train_loss", "heldout_loss", "heldout_ppl", "tokens_per_s", "elapsed_s")
+
+
+class TrainingError(GatedQwenError):
+    """Training inputs that cannot work: missing data, a clashing output folder, a bad resume folder."""
+
+
+@dataclasses.dataclass
+class TrainingArguments:
+    """Everything one training run depends on; saved as ``train_args.json`` in the output folder.
+
+    >>> args = TrainingArguments(train_file="train.jsonl", output_dir="runs/x", max_steps=10)
+    >>> args.tokens_per_step(num_processes=1)
+    4096
+    """
+
+    train_file: str
+    output_dir: str
+    heldout_file: str | None = None
+    config: str | None = None  # a config.json (e.g. configs/small_4M.json); None: Qwen3GatedConfig defaults + flags
+    gate: str | None = None  # none/headwise/elementwise; overrides the config's gate flags
+    tokenizer: str | None = None  # a tokenizer folder; None: train a byte-level BPE of vocab_size
+    vocab_size: int = 4096
+    seq_len: int = 256
+    batch_size: int = 16
+    max_steps: int | None = None
+    max_tokens: int | None = None  # the token budget; sets max_steps when max_steps is None
+    learning_rate: float = 3e-3
+    min_lr_rate: float = 0.1
+    warmup_steps: int = 100
+    weight_decay: float = 0.1
+    adam_betas: tuple[float, float] = (0.9, 0.95)
+    max_grad_norm: float = 1.0
+    precision: str = "auto"  # auto (bf16 on a GPU that has it, else fp32), bf16, fp32
+    eval_every: int = 100
+    eval_rows: int = 64  # held-out rows per evaluation (the first ones, always the same)
+    save_every: int = 0  # 0: only at the end
+    seed: int = 0
+    threads: int | None = None  # torch CPU threads
+    overwrite: bool = False
+    progress: bool = True
+
+    def tokens_per_step(self, num_processes: int = 1) -> int:
+        return self.batch_size * self.seq_len * num_processes
+
+    def total_steps(self, num_processes: int = 1) -> int:
+        if self.max_steps is not None:
+            return self.max_steps
+        if self.max_tokens is None:
+            raise TrainingError("give a budget: max_steps (--max-steps) or max_tokens (--max-tokens)")
+        return math.ceil(self.max_tokens / self.tokens_per_step(num_processes))
+
+
+def read_documents(path: str | Path) -> list[str]:
+    """The documents of a ``.jsonl`` file (its ``"text"`` fields) or a ``.txt`` file (the whole file).
+
+    >>> read_documents("data/stdlib_docstrings/train.jsonl")[0][:6]  # doctest: +SKIP
+    'Record'
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise TrainingError(f"{path} does not exist; build the corpus with `python scripts/prepare_corpus.py`")
+    text = path.read_text(encoding="utf-8")
+    if path.suffix != ".jsonl":
+        return [text]
+    documents = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            documents.append(json.loads(line)["text"])
+        except (json.JSONDecodeError, KeyError, TypeError):
+            raise TrainingError(f'{path}:{number} is not a JSON object with a "text" field') from None
+    if not documents:
+        raise TrainingError(f"{path} holds no documents")
+    return documents
+
+
+def train_tokenizer(documents: list[str], vocab_size: int):
+    """A byte-level BPE tokenizer (transformers fast tokenizer) trained on ``documents``.
+
+    It has ``<|endoftext|>`` (end of document, also the eos token) and ``<|pad|>``, and decodes bytes
+    exactly, so any text round-trips.
+
+    >>> tokenizer = train_tokenizer(["def add(a, b):\\n    return a + b\\n"] * 4, vocab_size=300)
+    >>> tokenizer.decode(tokenizer("return a + b").input_ids)
+    'return a + b'
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    if vocab_size < len(alphabet) + 2:
+        raise TrainingError(f"vocab_size {vocab_size} is too small: a byte-level BPE needs at least {len(alphabet) + 2}")
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=[EOS_TOKEN, PAD_TOKEN], initial_alphabet=alphabet, show_progress=False
+    )
+    tokenizer.train_from_iterator(documents, trainer=trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=EOS_TOKEN, pad_token=PAD_TOKEN)
+
+
+def pack_documents(documents: list[str], tokenizer) -> torch.Tensor:
+    """All documents as one token stream, the eos token after each: a 1-D int64 tensor.
+
+    >>> tokenizer = train_tokenizer(["ab ab ab"], vocab_size=260)
+    >>> pack_documents(["ab", "ab"], tokenizer).tolist() == [*tokenizer("ab").input_ids, 0] * 2
+    True
+    """
+    if tokenizer.eos_token_id is None:
+        raise TrainingError("the tokenizer has no eos token; documents need one to be packed into a stream")
+    ids: list[int] = []
+    for encoded in tokenizer(documents, add_special_tokens=False).input_ids:
+        ids.extend(encoded)
+        ids.append(tokenizer.eos_token_id)
+    return torch.tensor(ids, dtype=torch.long)
+
+
+class PackedBatches:
+    """Fixed-length rows of a token stream, in an order fixed by the seed; batch ``step`` is a pure function.
+
+    The stream is cut into ``len // seq_len`` non-overlapping rows. Each pass over them (an epoch) is a
+    permutation drawn from ``seed + epoch``, and global batch ``step`` takes the next ``global_batch`` rows
+    of that sequence, so resuming at a step needs no iterator state, and any two runs with the same
+    seed, data and batch shape see the same rows in the same order.
+
+    >>> data = PackedBatches(torch.arange(40), seq_len=4, global_batch=2, seed=0)
+    >>> data.batch(0).shape, len(data)
+    (torch.Size([2, 4]), 10)
+    """
+
+    def __init__(self, stream: torch.Tensor, seq_len: int, global_batch: int, seed: int):
+        rows = len(stream) // seq_len
+        if rows < global_batch:
+            raise TrainingError(
+                f"the training text has {len(stream)} tokens, fewer than one batch of {global_batch} rows of "
+                f"{seq_len}; give more text or lower --batch-size / --seq-len"
+            )
+        self.rows = stream[: rows * seq_len].view(rows, seq_len)  # (N, T)
+        self.global_batch = global_batch
+        self.seed = seed
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def _order(self, epoch: int) -> torch.Tensor:
+        return torch.randperm(len(self.rows), generator=torch.Generator().manual_seed(self.seed + epoch))
+
+    def batch(self, step: int) -> torch.Tensor:
+        """The ``global_batch`` rows of global step ``step``: (global_batch, seq_len)."""
+        start = step * self.global_batch
+        picked = []
+        while len(picked) < self.global_batch:
+            epoch, offset = divmod(start + len(picked), len(self.rows))
+            order = self._order(epoch)
+            picked.extend(order[offset : offset + self.global_batch - len(picked)].tolist())
+        return self.rows[picked]
+
+
+def heldout_rows(stream: torch.Tensor, seq_len: int, max_rows: int | None = None) -> torch.Tensor:
+    """The first ``max_rows`` non-overlapping rows of a held-out stream, in order: (N, seq_len)."""
+    rows = len(stream) // seq_len
+    if rows == 0:
+        raise TrainingError(f"the held-out text has {len(stream)} tokens, fewer than one row of {seq_len}")
+    rows = rows if max_rows is None else min(rows, max_rows)
+    return stream[: rows * seq_len].view(rows, seq_len)
+
+
+@torch.no_grad()
+def evaluate(model, rows: torch.Tensor, batch_size: int = 16) -> dict:
+    """Mean next-token loss (nats) and perplexity over every predicted token of ``rows`` (N, T).
+
+    Each row is scored on its own: tokens 1..T-1 given the ones before them in the row.
+
+    >>> evaluate(model, heldout_rows(stream, 256, 32))  # doctest: +SKIP
+    {'loss': 2.91, 'ppl': 18.4, 'tokens': 8160}
+    """
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    total, count = 0.0, 0
+    for start in range(0, len(rows), batch_size):
+        input_ids = rows[start : start + batch_size].to(device)
+        logits = model(input_ids=input_ids).logits.float()  # (B, T, V)
+        nll = torch.nn.functional.cross_entropy(
+            logits[:, :-1].reshape(-1, logits.shape[-1]), input_ids[:, 1:].reshape(-1), reduction="sum"
+        )
+        total += nll.item()
+        count += input_ids[:, 1:].numel()
+    model.train(was_training)
+    loss = total / count
+    return {"loss": loss, "ppl": math.exp(loss), "tokens": count}
+
+
+def unigram_perplexity(train_stream: torch.Tensor, rows: torch.Tensor, vocab_size: int) -> dict:
+    """Loss and perplexity of a unigram model (add-one smoothed train token frequencies) on the tokens
+    :func:`evaluate` scores in ``rows``: what a model that ignores context reaches.
+
+    >>> unigram_perplexity(torch.tensor([0, 0, 1]), torch.tensor([[1, 0, 0]]), vocab_size=2)["ppl"]
+    1.6666666666666667
+    """
+    counts = torch.bincount(train_stream, minlength=vocab_size).double() + 1.0
+    log_prob = counts.log() - counts.sum().log()
+    targets = rows[:, 1:].reshape(-1)
+    loss = -log_prob[targets].mean().item()
+    return {"loss": loss, "ppl": math.exp(loss), "tokens": targets.numel()}
+
+
+def build_config(args: TrainingArguments, tokenizer) -> Qwen3GatedConfig:
+    """The model config: ``args.config`` (or defaults), the gate of ``args.gate``, the tokenizer's vocabulary
+    and special tokens, and room for ``seq_len`` positions."""
+    values = {}
+    if args.config:
+        path = Path(args.config)
+        if not path.is_file():
+            raise TrainingError(f"config {path} does not exist; pass a config.json such as configs/small_4M.json")
+        try:
+            values = json.loads(path.read_text())
+        except json.JSONDecodeError as error:
+            raise TrainingError(f"config {path} is not valid JSON: {error}") from None
+    values.pop("model_type", None)
+    values.pop("architectures", None)
+    if args.gate is not None:
+        from .layout import GATE_TYPES
+
+        if args.gate not in GATE_TYPES:
+            raise TrainingError(f"unknown gate {args.gate!r}; expected one of {', '.join(GATE_TYPES)}")
+        values["headwise_attn_output_gate"] = args.gate == "headwise"
+        values["elementwise_attn_output_gate"] = args.gate == "elementwise"
+    values.update(
+        vocab_size=len(tokenizer),
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        max_position_embeddings=max(values.get("max_position_embeddings", 0), args.seq_len),
+    )
+    try:
+        return Qwen3GatedConfig(**values)
+    except (TypeError, ValueError) as error:
+        raise TrainingError(f"config {args.config or '(defaults)'} is not a valid Qwen3Gated config: {error}") from None
+
+
+def _resolve_precision(precision: str, accelerator_device: torch.device) -> str:
+    if precision == "auto":
+        # CPU bf16 autocast exists but is slower than fp32 on most CPUs without AMX, and less exact.
+        cuda_bf16 = accelerator_device.type == "cuda" and torch.cuda.is_bf16_supported()
+        return "bf16" if cuda_bf16 else "no"
+    if precision not in ("bf16", "fp32"):
+        raise TrainingError(f"unknown precision {precision!r}; expected auto, bf16 or fp32")
+    return "bf16" if precision == "bf16" else "no"
+
+
+def latest_checkpoint(folder: str | Path) -> Path:
+    """``folder`` itself if it is a checkpoint, else its ``checkpoint-STEP`` with the highest step.
+
+    >>> latest_checkpoint("runs/headwise")  # doctest: +SKIP
+    PosixPath('runs/headwise/checkpoint-1200')
+    """
+    folder = Path(folder)
+    if (folder / "trainer_state.json").is_file():
+        return folder
+    found = sorted(folder.glob("checkpoint-*/trainer_state.json"), key=lambda p: int(p.parent.name.split("-")[-1]))
+    if not found:
+        raise TrainingError(f"{folder} holds no checkpoint (a folder with trainer_state.json); nothing to resume")
+    return found[-1].parent
+
+
+def _prepare_output_dir(args: TrainingArguments, resuming: bool) -> Path:
+    out = Path(args.output_dir)
+    if out.exists() and any(out.iterdir()) and not (resuming or args.overwrite):
+        raise TrainingError(f"{out} is not empty; pass --resume {out} to continue it or --overwrite to replace it")
+    if out.exists() and args.overwrite and not resuming:
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def _save_checkpoint(accelerator, out: Path, args, tokenizer, step: int, tokens: int, elapsed: float) -> None:
+    final = out / f"checkpoint-{step}"
+    partial = out / f".checkpoint-{step}.partial"
+    if accelerator.is_main_process and partial.exists():
+        shutil.rmtree(partial)
+    accelerator.wait_for_everyone()
+    accelerator.save_state(str(partial), safe_serialization=True)
+    if accelerator.is_main_process:
+        state = {"step": step, "tokens": tokens, "elapsed_s": elapsed, "args": dataclasses.asdict(args)}
+        tokenizer.save_pretrained(partial / "tokenizer")
+        (partial / "trainer_state.json").write_text(json.dumps(state, indent=2) + "\n")
+        if final.exists():
+            shutil.rmtree(final)
+        partial.rename(final)  # a checkpoint folder is complete or absent
+    accelerator.wait_for_everyone()
+
+
+def _save_model(accelerator, model, tokenizer, out: Path) -> Path:
+    from transformers import GenerationConfig
+
+    final = out / "final"
+    partial = out / ".final.partial"
+    if accelerator.is_main_process:
+        if partial.exists():
+            shutil.rmtree(partial)
+        unwrapped = accelerator.unwrap_model(model)
+        unwrapped.save_pretrained(partial, safe_serialization=True)
+        tokenizer.save_pretrained(partial)
+        GenerationConfig(
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+            do_sample=True,
+            temperature=0.8,
+            top_k=50,
+            max_new_tokens=64,
+        ).save_pretrained(partial)
+        if final.exists():
+            shutil.rmtree(final)
+        partial.rename(final)
+    accelerator.wait_for_everyone()
+    return final
+
+
+def plot_losses(log_path: str | Path, png_path: str | Path) -> Path:
+    """Plot train and held-out loss of a ``log.csv`` against tokens into a PNG (needs the ``plot`` extra).
+
+    >>> plot_losses("runs/headwise/log.csv", "runs/headwise/loss.png")  # doctest: +SKIP
+    PosixPath('runs/headwise/loss.png')
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise GatedQwenError("plotting needs matplotlib: pip install 'gated-qwen[plot]'") from None
+    rows = list(csv.DictReader(Path(log_path).open()))
+    figure, axes = plt.subplots(figsize=(6, 4))
+    for field, label in (("train_loss", "train"), ("heldout_loss", "held-out")):
+        points = [(int(r["tokens"]), float(r[field])) for r in rows if r[field]]
+        if points:
+            axes.plot(*zip(*points), label=label, marker="o" if field == "heldout_loss" else None, markersize=3)
+    axes.set_xlabel("tokens")
+    axes.set_ylabel("loss (nats/token)")
+    axes.set_title(Path(log_path).parent.name)
+    axes.legend()
+    axes.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(png_path, dpi=100)
+    plt.close(figure)
+    return Path(png_path)
+
+
+def train(args: TrainingArguments, resume: str | Path | None = None) -> dict:
+    """Train (or, with ``resume``, continue) a model as ``args`` says; returns a summary dict.
+
+    ``resume`` is a checkpoint folder or an output folder (its latest checkpoint is taken); the run
+    continues at the saved step with the saved optimizer, scheduler and RNG state, and the data order
+    continues where it left off, so the losses equal those of an uninterrupted run.
+
+    >>> train(TrainingArguments(train_file="train.jsonl", output_dir="runs/x", max_steps=100))  # doctest: +SKIP
+    {'steps': 100, 'tokens': 409600, ...}
+    """
+    from accelerate import Accelerator, PartialState
+    from accelerate.utils import set_seed
+    from tqdm.auto import tqdm
+    from transformers import AutoTokenizer, get_cosine_with_min_lr_schedule_with_warmup
+
+    from .modeling_qwen3_gated import Qwen3GatedForCausalLM
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    checkpoint = latest_checkpoint(resume) if resume is not None else None
+    if checkpoint is not None:
+        _check_resume_matches(args, json.loads((checkpoint / "trainer_state.json").read_text())["args"])
+    # The precision depends on the device, which accelerate knows before the Accelerator exists.
+    accelerator = Accelerator(mixed_precision=_resolve_precision(args.precision, PartialState().device))
+    out = _prepare_output_dir(args, resuming=checkpoint is not None)
+    set_seed(args.seed)
+
+    documents = read_documents(args.train_file)
+    tokenizer_dir = out / "tokenizer"
+    if args.tokenizer:
+        source = args.tokenizer
+    elif checkpoint is not None:
+        source = checkpoint / "tokenizer"
+    else:
+        source = None
+    if source is not None:
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(str(source))
+        except (OSError, ValueError) as error:
+            raise TrainingError(f"cannot load the tokenizer in {source}: {error}") from None
+    else:
+        tokenizer = train_tokenizer(documents, args.vocab_size)
+    if accelerator.is_main_process:
+        tokenizer.save_pretrained(tokenizer_dir)
+        (out / "train_args.json").write_text(json.dumps(dataclasses.asdict(args), indent=2) + "\n")
+
+    train_stream = pack_documents(documents, tokenizer)
+    data = PackedBatches(train_stream, args.seq_len, args.batch_size * accelerator.num_processes, args.seed)
+    heldout = None
+    if args.heldout_file:
+        heldout = heldout_rows(pack_documents(read_documents(args.heldout_file), tokenizer), args.seq_len, args.eval_rows)
+
+    config = build_config(args, tokenizer)
+    torch.manual_seed(args.seed)
+    model = Qwen3GatedForCausalLM(config)
+    decay = [p for p in model.parameters() if p.dim() >= 2]  # matrices; norms and biases are not decayed
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=args.learning_rate,
+        betas=tuple(args.adam_betas),
+    )
+    total_steps = args.total_steps(accelerator.num_processes)
+    scheduler = get_cosine_with_min_lr_schedule_with_warmup(
+        optimizer, min(args.warmup_steps, total_steps), total_steps, min_lr_rate=args.min_lr_rate
+    )
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+
+    step, tokens, elapsed_before = 0, 0, 0.0
+    if checkpoint is not None:
+        accelerator.load_state(str(checkpoint))
+        state = json.loads((checkpoint / "trainer_state.json").read_text())
+        step, tokens, elapsed_before = state["step"], state["tokens"], state["elapsed_s"]
+        logger.info(f"resuming from {checkpoint} at step {step}")
+    if step > total_steps:
+        raise TrainingError(f"{checkpoint} is at step {step}, past this run's {total_steps} steps")
+
+    parameters = sum(p.numel() for p in accelerator.unwrap_model(model).parameters())
+    log_path = out / "log.csv"
+    if accelerator.is_main_process:
+        _truncate_log(log_path, step)
+
+    def log(row: dict) -> None:
+        if accelerator.is_main_process:
+            new = not log_path.exists()
+            with log_path.open("a", newline="") as f:
+                writer = csv.DictWriter(f, LOG_FIELDS)
+                if new:
+                    writer.writeheader()
+                writer.writerow({k: row.get(k, "") for k in LOG_FIELDS})
+
+    def run_eval() -> dict | None:
+        if heldout is None:
+            return None
+        return evaluate(accelerator.unwrap_model(model), heldout, args.batch_size)
+
+    if checkpoint is None and heldout is not None:
+        result = run_eval()
+        log({"step": 0, "tokens": 0, "heldout_loss": f"{result['loss']:.5f}", "heldout_ppl": f"{result['ppl']:.3f}"})
+
+    rank, per_rank = accelerator.process_index, args.batch_size
+    model.train()
+    bar = tqdm(total=total_steps, initial=step, disable=not (args.progress and accelerator.is_main_process), unit="step")
+    start_time, window_start, window_tokens = time.perf_counter(), time.perf_counter(), 0
+    last_eval, train_loss = None, None
+    while step < total_steps:
+        input_ids = data.batch(step)[rank * per_rank : (rank + 1) * per_rank].to(accelerator.device)  # (B, T)
+        with accelerator.autocast():
+            loss = model(input_ids=input_ids, labels=input_ids).loss
+        accelerator.backward(loss)
+        accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+        tokens += args.tokens_per_step(accelerator.num_processes)
+        window_tokens += args.tokens_per_step(accelerator.num_processes)
+
+        train_loss = accelerator.reduce(loss.detach(), reduction="mean").item()
+        now = time.perf_counter()
+        tokens_per_s = window_tokens / max(now - window_start, 1e-9)
+        bar.set_postfix(loss=f"{train_loss:.3f}", tok_s=f"{tokens_per_s:,.0f}")
+        bar.update(1)
+        row = {
+            "step": step,
+            "tokens": tokens,
+            "lr": f"{scheduler.get_last_lr()[0]:.6g}",
+            "train_loss": f"{train_loss:.5f}",
+            "tokens_per_s": f"{tokens_per_s:.1f}",
+            "elapsed_s": f"{elapsed_before + now - start_time:.1f}",
+        }
+        if heldout is not None and (step % args.eval_every == 0 or step == total_steps):
+            last_eval = run_eval()
+            row.update(heldout_loss=f"{last_eval['loss']:.5f}", heldout_ppl=f"{last_eval['ppl']:.3f}")
+            bar.write(f"step {step}: held-out loss {last_eval['loss']:.4f}, ppl {last_eval['ppl']:.2f}")
+            window_start, window_tokens = time.perf_counter(), 0  # evaluation time is not training speed
+        log(row)
+        if args.save_every and step % args.save_every == 0 and step < total_steps:
+            _save_checkpoint(accelerator, out, args, tokenizer, step, tokens, elapsed_before + time.perf_counter() - start_time)
+    bar.close()
+
+    elapsed = elapsed_before + time.perf_counter() - start_time
+    _save_checkpoint(accelerator, out, args, tokenizer, step, tokens, elapsed)
+    final = _save_model(accelerator, model, tokenizer, out)
+    summary = {
+        "steps": step,
+        "tokens": tokens,
+        "parameters": parameters,
+        "gate": config.gate_type,
+        "elapsed_s": round(elapsed, 1),
+        "final_train_loss": train_loss,
+        "heldout": last_eval,
+        "model": str(final),
+    }
+    if accelerator.is_main_process:
+        (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        try:
+            plot_losses(log_path, out / "loss.png")
+        except GatedQwenError as error:
+            logger.warning(f"{error}; the losses are in {log_path}")
+    return summary
+
+
+def _check_resume_matches(args: TrainingArguments, saved: dict) -> None:
+    """A resumed run must cut and order its data as the saved one did, or its losses mean nothing."""
+    for key in ("train_file", "seed", "seq_len", "batch_size", "gate", "config", "max_steps", "max_tokens"):
+        if saved.get(key) != getattr(args, key):
+            raise TrainingError(
+                f"{key} is {getattr(args, key)!r} but the resumed run used {saved.get(key)!r}; pass the same value"
+            )
+
+
+def _truncate_log(log_path: Path, step: int) -> None:
+    """Drop log rows after ``step``: a resumed run rewrites the steps it repeats."""
+    if not log_path.exists():
+        return
+    rows = list(csv.DictReader(log_path.open()))
+    with log_path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, LOG_FIELDS)
+        writer.writeheader()
+        writer.writerows(r for r in rows if int(r["step"]) <= step)
+
+
+__all__ = [
+    "PackedBatches",
+    "TrainingArguments",
+    "TrainingError",
+    "evaluate",
+    "heldout_rows",
+    "latest_checkpoint",
+    "pack_documents",
+    "plot_losses",
+    "read_documents",
+    "train",
+    "train_tokenizer",
+    "unigram_perplexity",
+]
