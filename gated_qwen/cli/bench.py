@@ -1,0 +1,117 @@
+"""``gated-qwen bench``: measure what the gate costs; writes benchmark.md and benchmark.json."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+
+OUTPUT_FILES = ("benchmark.md", "benchmark.json")
+PARTS = ("models", "loading", "conversion")
+
+
+def add_parser(subparsers) -> None:
+    # The defaults and choices come from the library, the one place they are defined. Importing it
+    # here adds nothing heavy: building the parser already imports gated_qwen, hence torch and transformers.
+    from ..benchmark import DTYPES, SIZES, BenchmarkOptions
+
+    defaults = BenchmarkOptions()
+    parser = subparsers.add_parser(
+        "bench",
+        help="benchmark the gate: speed, loading and conversion against their floors",
+        description="Prefill and greedy decode tokens/s of transformers' Qwen3ForCausalLM and Qwen3Gated with "
+        "gate none/headwise/elementwise at one architecture, interleaved in one process (medians over rounds, "
+        "each gated arm's time ratio beside its parameter ratio); from_pretrained of a gated checkpoint beside a "
+        "stock one; the converter's throughput and peak RSS beside a plain copy. Prints a markdown table and "
+        "writes it with a JSON file of every measurement into --output-dir.",
+    )
+    parser.add_argument("--size", choices=list(SIZES), default=defaults.size, help="architecture (default %(default)s: about 108M parameters)")
+    parser.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        help="change one config key of the architecture, e.g. --set num_hidden_layers=12 (VALUE is read as JSON)",
+    )
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=list(defaults.batch_sizes), metavar="N", help="prefill batch sizes (default %(default)s)")
+    parser.add_argument("--prompt-length", type=int, default=defaults.prompt_length, metavar="TOKENS", help="prompt tokens (default %(default)s)")
+    parser.add_argument("--new-tokens", type=int, default=defaults.new_tokens, metavar="TOKENS", help="greedy decode tokens (default %(default)s)")
+    parser.add_argument("--repeats", type=int, default=defaults.repeats, metavar="N", help="measured rounds after one warm-up (default %(default)s)")
+    parser.add_argument("--dtype", choices=list(DTYPES), default=defaults.dtype)
+    parser.add_argument("--device", default=defaults.device, help="cpu, cuda, cuda:1, ... (default %(default)s)")
+    parser.add_argument("--attn-implementation", default=defaults.attn_implementation, help="sdpa, eager, flash_attention_2, ... (default %(default)s)")
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
+    parser.add_argument("--skip", choices=PARTS, action="append", default=[], help="leave out a part; repeatable")
+    parser.add_argument("--scratch-dir", default=None, help="where the benchmark checkpoints are written (default: a temporary folder)")
+    parser.add_argument("--output-dir", default="benchmark-results", help="folder for benchmark.md and benchmark.json (default %(default)s)")
+    parser.add_argument("--overwrite", action="store_true", help="replace benchmark.md/.json already in --output-dir")
+    parser.set_defaults(run=run)
+
+
+def parse_overrides(pairs: list[str]) -> dict:
+    """``["num_hidden_layers=12", "hidden_act=gelu"]`` to a dict; values are JSON, else kept as strings.
+
+    >>> parse_overrides(["num_hidden_layers=12", "hidden_act=gelu"])
+    {'num_hidden_layers': 12, 'hidden_act': 'gelu'}
+    """
+    overrides = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--set {pair!r} is not KEY=VALUE, e.g. --set num_hidden_layers=12")
+        try:
+            overrides[key] = json.loads(value)
+        except json.JSONDecodeError:
+            overrides[key] = value
+    return overrides
+
+
+def command_line(args) -> str:
+    """The ``gated-qwen bench`` command that repeats this run (every option spelled out)."""
+    words = ["gated-qwen", "bench", "--size", args.size]
+    for pair in args.overrides:
+        words += ["--set", pair]
+    words += ["--batch-sizes", *map(str, args.batch_sizes), "--prompt-length", str(args.prompt_length)]
+    words += ["--new-tokens", str(args.new_tokens), "--repeats", str(args.repeats), "--dtype", args.dtype]
+    words += ["--device", args.device, "--attn-implementation", args.attn_implementation]
+    if args.threads is not None:
+        words += ["--threads", str(args.threads)]
+    for part in args.skip:
+        words += ["--skip", part]
+    return shlex.join(words)
+
+
+def run(args) -> int:
+    from ..benchmark import BenchmarkOptions, format_markdown, run_benchmark
+    from ..errors import GatedQwenError
+
+    output_dir = Path(args.output_dir)
+    if output_dir.exists() and not output_dir.is_dir():
+        raise GatedQwenError(f"--output-dir {output_dir} exists and is not a folder")
+    existing = [name for name in OUTPUT_FILES if (output_dir / name).exists()]
+    if existing and not args.overwrite:  # checked before measuring, not after minutes of it
+        raise GatedQwenError(f"{output_dir} already holds {', '.join(existing)}; pass --overwrite or another --output-dir")
+    options = BenchmarkOptions(
+        size=args.size,
+        overrides=parse_overrides(args.overrides),
+        batch_sizes=tuple(args.batch_sizes),
+        prompt_length=args.prompt_length,
+        new_tokens=args.new_tokens,
+        repeats=args.repeats,
+        dtype=args.dtype,
+        device=args.device,
+        attn_implementation=args.attn_implementation,
+        threads=args.threads,
+        scratch_dir=args.scratch_dir,
+        **{part: part not in args.skip for part in PARTS},
+    )
+    result = run_benchmark(options, log=lambda message: print(f"gated-qwen bench: {message}", file=sys.stderr, flush=True))
+    result["command"] = command_line(args)
+    markdown = format_markdown(result) + f"\nCommand: `{result['command']}`\n"
+
+    output_dir.mkdir(parents=True, exist_ok=True)
+    for name, text in (("benchmark.json", json.dumps(result, indent=2) + "\n"), ("benchmark.md", markdown)):
+        partial = output_dir / f".{name}.partial"
+        partial.write_text(text)
+        partial.replace(output_dir / name)  # whole files only, never half-written ones
+    print(markdown, end="")
+    print(f"gated-qwen bench: wrote {output_dir / 'benchmark.md'} and {output_dir / 'benchmark.json'}", file=sys.stderr)
+    return 0
