@@ -416,7 +416,11 @@ def _source_folder(src: str | os.PathLike, subfolder: str, revision: str | None)
     try:
         snapshot = snapshot_download(str(src), revision=revision, allow_patterns=[prefix + p for p in HUB_PATTERNS])
     except (HfHubHTTPError, LocalEntryNotFoundError, OSError, ValueError) as error:
-        raise CheckpointError(f"could not download {src} from the hub ({error}); check the id, the revision, or the network") from None
+        reason = " ".join(str(error).split())
+        raise CheckpointError(
+            f"{src} is not a local folder and could not be downloaded from the hub ({reason}); "
+            "check the path or hub id, the revision, or the network"
+        ) from None
     folder = Path(snapshot) / subfolder
     if not (folder / CONFIG_NAME).is_file():
         raise CheckpointError(f"{src}" + (f" (subfolder {subfolder})" if subfolder else "") + f" has no {CONFIG_NAME}; it is not a model checkpoint")
@@ -433,6 +437,8 @@ def _plan_tensors(
     # A tied lm_head is not saved by transformers, and is ignored on loading if a checkpoint has it.
     tied = set(skeleton.all_tied_weights_keys)
     names = [name for name in tensors if name not in tied]
+    if len(names) < len(tensors):
+        logger.info(f"{source}: not writing {', '.join(sorted(tied & tensors.keys()))}, tied to the embedding")
     missing = sorted(expected.keys() - set(names) - tied)
     extra = sorted(set(names) - expected.keys())
     if missing or extra:
@@ -471,6 +477,8 @@ def _nbytes(info: TensorInfo) -> int:
 def _split_into_shards(plan: dict[str, TensorInfo], max_shard_size: int | str):
     from huggingface_hub import split_state_dict_into_shards_factory
 
+    if isinstance(max_shard_size, str) and max_shard_size.strip().isdigit():
+        max_shard_size = int(max_shard_size)  # a plain number of bytes, as the CLI passes it
     try:
         return split_state_dict_into_shards_factory(
             plan, get_storage_size=_nbytes, filename_pattern="model{suffix}.safetensors", max_shard_size=max_shard_size
