@@ -395,9 +395,17 @@ def generate(
         # the chat template already holds any special tokens the model expects
         inputs = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=not chat).to(model.device)
         start = time.perf_counter()
-        sequences = model.generate(
-            **inputs, generation_config=generation_config, tokenizer=tokenizer, streamer=streamer
-        ).cpu()  # (B, T_prompt + T_new); .cpu() waits for the device, so the timing is honest
+        try:
+            sequences = model.generate(
+                **inputs, generation_config=generation_config, tokenizer=tokenizer, streamer=streamer
+            ).cpu()  # (B, T_prompt + T_new); .cpu() waits for the device, so the timing is honest
+        except torch._dynamo.exc.TorchDynamoException as error:
+            # flex_attention is compiled on first use; a compiler that fails there is a setup problem
+            attention = model.config._attn_implementation
+            first_line = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
+            raise GatedQwenError(
+                f"attention {attention} failed to compile on {model.device.type} ({first_line}); use --attn sdpa"
+            ) from None
         seconds = time.perf_counter() - start
         new_ids = sequences[:, inputs["input_ids"].shape[1] :].tolist()  # (B, T_new)
         for prompt, row in zip(batch, new_ids):

@@ -302,3 +302,30 @@ def test_installed_console_script(checkpoint):
     assert result.returncode == 0, result.stderr
     (record,) = json_records(result.stdout)
     assert record["completion"] == reference_completion(checkpoint, PROMPTS[0], 5)
+
+
+def test_attention_choice_reaches_the_model(checkpoint, capsys, monkeypatch):
+    seen = []
+    original = generation.Qwen3GatedForCausalLM.from_pretrained
+    monkeypatch.setattr(
+        generation.Qwen3GatedForCausalLM,
+        "from_pretrained",
+        lambda *args, **kwargs: seen.append(kwargs["attn_implementation"]) or original(*args, **kwargs),
+    )
+    common = ("--model", checkpoint, "--json", "--max-new-tokens", 8, *PROMPTS[:2])
+    _, eager, _ = run_generate(capsys, "--attn", "eager", *common)
+    _, sdpa, _ = run_generate(capsys, "--attn", "sdpa", *common)
+    assert seen == ["eager", "sdpa"]
+    assert [r["completion"] for r in json_records(eager)] == [r["completion"] for r in json_records(sdpa)]
+
+
+def test_attention_that_fails_to_compile_is_one_message(checkpoint, monkeypatch):
+    model, tokenizer = generation.load_model_and_tokenizer(str(checkpoint), device="cpu")
+
+    def failing_generate(**kwargs):
+        raise torch._dynamo.exc.TorchDynamoException("C++ compile error\nmany lines")
+
+    monkeypatch.setattr(model, "generate", failing_generate)
+    config = generation.build_generation_config(model, tokenizer, max_new_tokens=2)
+    with pytest.raises(generation.GatedQwenError, match=r"failed to compile on cpu \(C\+\+ compile error\); use --attn sdpa"):
+        list(generation.generate(model, tokenizer, ["Hello"], config))
