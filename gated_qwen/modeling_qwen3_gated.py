@@ -42,6 +42,10 @@ logger = logging.get_logger(__name__)
 class Qwen3GatedAttention(Qwen3Attention):
     """Qwen3 attention whose q_proj also yields gate logits; QK-norm optional, as in the release."""
 
+    # Hook point for causal ablations (set and reset by gated_qwen.analysis.override_gates): maps the
+    # gate after the sigmoid, (B, T, H, g), to the gate to apply. None leaves the forward untouched.
+    gate_override: Callable[[torch.Tensor], torch.Tensor] | None = None
+
     def __init__(self, config: Qwen3GatedConfig, layer_idx: int):
         super().__init__(config, layer_idx)
         self.gate_type = config.gate_type
@@ -99,6 +103,8 @@ class Qwen3GatedAttention(Qwen3Attention):
 
         if self.gate_dim:
             gate = torch.sigmoid(gate_logits.reshape(*input_shape, -1, self.gate_dim))  # (B, T, H, g)
+            if self.gate_override is not None:
+                gate = self.gate_override(gate)
             attn_output = attn_output * gate  # in the model's dtype, as the released code does
         attn_output = self.o_proj(attn_output.reshape(*input_shape, -1))
         return attn_output, attn_weights

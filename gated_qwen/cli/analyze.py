@@ -1,0 +1,197 @@
+"""``gated-qwen analyze``: gates, attention sink, massive activations and perplexity of one or more models."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "analyze",
+        help="measure gates, attention sinks, massive activations and perplexity",
+        description="Run the paper's instruments on a Qwen3 or Qwen3Gated model (and, with --compare, on "
+        "others): gate statistics, first-token attention per layer and head, massive activations, and "
+        "perplexity (--text). Writes analysis.json with every number and PNG figures to --out.",
+    )
+    parser.add_argument("model", metavar="MODEL", help="a checkpoint folder or a hub id")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--text", metavar="FILE", help="a UTF-8 text file: perplexity over all of it, the other measures on its first --max-tokens tokens")
+    source.add_argument("--prompt", metavar="TEXT", help="a text to analyze (its perplexity too)")
+    parser.add_argument("--compare", nargs="+", default=[], metavar="MODEL", help="more models to put in the same table and figures")
+    parser.add_argument(
+        "--subfolder", nargs="+", default=[""], metavar="S",
+        help="folder inside the repo or path: one for all models, or one per model in order (MODEL, then --compare)",
+    )
+    parser.add_argument("--out", default="analysis", metavar="DIR", help="output folder (default: ./analysis)")
+    parser.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    parser.add_argument("--layers", type=int, nargs="+", metavar="L", help="layers whose attention maps to draw (default: first, middle, last)")
+    parser.add_argument("--max-tokens", type=int, default=256, help="tokens of the text the gates, sinks and activations are measured on (default 256)")
+    parser.add_argument("--skip-queries", type=int, default=0, help="leave the first N queries out of the first-token attention (default 0)")
+    parser.add_argument("--context", type=int, default=512, help="perplexity window in tokens (default 512)")
+    parser.add_argument("--stride", type=int, default=None, help="perplexity window step (default context/2)")
+    parser.add_argument("--batch-size", type=int, default=4, help="perplexity windows per forward (default 4)")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "auto"], help="dtype to run in (default float32)")
+    parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
+    parser.add_argument("--no-plots", action="store_true", help="write the JSON only (no matplotlib needed)")
+    parser.set_defaults(run=run)
+
+
+def _label(model: str, subfolder: str, taken: set[str]) -> str:
+    label = Path(subfolder).name if subfolder else Path(model.rstrip("/")).name or model
+    base, n = label, 2
+    while label in taken:
+        label, n = f"{base}-{n}", n + 1
+    taken.add(label)
+    return label
+
+
+def analyze_model(model, tokenizer, text: str, args) -> tuple[dict, dict]:
+    """All measures of one loaded model on ``text``: (the JSON-ready numbers, the tensors the figures need)."""
+    import torch
+
+    from .. import analysis
+    from ..errors import GatedQwenError
+
+    device = next(model.parameters()).device
+    ids = tokenizer(text, return_tensors="pt").input_ids[0]
+    if ids.numel() < 2:
+        raise GatedQwenError("the text is shorter than 2 tokens; give a longer --prompt or --text")
+    probe = ids[: args.max_tokens][None].to(device)  # (1, T)
+    layers = model.config.num_hidden_layers
+    map_layers = args.layers if args.layers is not None else sorted({0, layers // 2, layers - 1})
+    wrong = [layer for layer in map_layers if not 0 <= layer < layers]
+    if wrong:
+        raise GatedQwenError(f"--layers {wrong} do not exist; the model has layers 0..{layers - 1}")
+    if args.skip_queries >= probe.shape[1]:
+        raise GatedQwenError(f"--skip-queries {args.skip_queries} leaves no query of the {probe.shape[1]} tokens analyzed")
+
+    gated = bool(analysis.gated_attention_layers(model))
+    with torch.no_grad(), analysis.record_attention(model, args.skip_queries, map_layers=map_layers) as attention:
+        if gated:
+            with analysis.record_gates(model) as gates:
+                model(input_ids=probe)
+            gate_summary = analysis.summarize_gates(gates)
+        else:
+            model(input_ids=probe)
+            gate_summary = None
+    first_token = attention.first_token()  # (L, H)
+    ppl = analysis.perplexity(model, ids, args.context, args.stride, args.batch_size, progress=sys.stderr.isatty())
+    numbers = {
+        "gate_type": getattr(model.config, "gate_type", "none"),
+        "analyzed_tokens": probe.shape[1],
+        "first_token_attention": {
+            "mean": first_token.mean().item(),
+            "per_layer": first_token.mean(1).tolist(),
+            "per_layer_and_head": first_token.tolist(),
+            "skip_queries": args.skip_queries,
+        },
+        "gates": gate_summary,
+        "massive_activations": analysis.massive_activations(model, probe),
+        "perplexity": {
+            "perplexity": ppl.perplexity, "mean_nll": ppl.mean_nll, "tokens": ppl.tokens, "windows": ppl.windows,
+            "context": args.context, "stride": args.stride or max(1, args.context // 2),
+        },
+    }
+    tokens = [tokenizer.decode([t]) for t in probe[0].tolist()]
+    return numbers, {"maps": attention.maps, "tokens": tokens}
+
+
+def _write_figures(folder: Path, numbers: dict, tensors: dict) -> list[str]:
+    from .. import analysis
+
+    written = []
+    analysis.plot_attention_maps(
+        {label: t["maps"] for label, t in tensors.items()}, {label: t["tokens"] for label, t in tensors.items()},
+        folder / "attention_maps.png",
+    )
+    written.append("attention_maps.png")
+    analysis.plot_first_token_attention(
+        {label: n["first_token_attention"]["per_layer"] for label, n in numbers.items()}, folder / "first_token_attention.png"
+    )
+    written.append("first_token_attention.png")
+    histograms = {label: [layer["histogram"] for layer in n["gates"]["layers"]] for label, n in numbers.items() if n["gates"]}
+    if histograms:
+        analysis.plot_gate_histograms(histograms, folder / "gate_histograms.png")
+        written.append("gate_histograms.png")
+    return written
+
+
+def _print_table(numbers: dict) -> None:
+    header = ("model", "gate", "first-token attn", "gate mean", "gate<0.1", "max |h| / median", "ppl")
+    rows = []
+    for label, n in numbers.items():
+        gates = n["gates"]["overall"] if n["gates"] else None
+        ratio = max(layer["ratio"] for layer in n["massive_activations"])
+        rows.append((
+            label, n["gate_type"], f"{n['first_token_attention']['mean']:.3f}",
+            f"{gates['mean']:.3f}" if gates else "-", f"{gates['below_0.1']:.3f}" if gates else "-",
+            f"{ratio:.1f}", f"{n['perplexity']['perplexity']:.2f}",
+        ))
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    for row in [header, *rows]:
+        print("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)))
+
+
+def run(args) -> int:
+    import torch
+    from transformers import AutoTokenizer
+
+    from ..errors import GatedQwenError
+    from ..modeling_qwen3_gated import Qwen3GatedForCausalLM
+
+    models = [args.model, *args.compare]
+    if len(args.subfolder) not in (1, len(models)):
+        raise GatedQwenError(f"--subfolder takes one folder for all models or one per model ({len(models)}), not {len(args.subfolder)}")
+    subfolders = args.subfolder * len(models) if len(args.subfolder) == 1 else args.subfolder
+    if args.text is not None:
+        try:
+            text = Path(args.text).read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise GatedQwenError(f"{args.text} is not UTF-8 text") from None
+    else:
+        text = args.prompt
+    out = Path(args.out)
+    if out.exists() and not args.overwrite:
+        raise GatedQwenError(f"{out} already exists; pass --overwrite to replace it or choose another --out")
+    if not args.no_plots:
+        from ..analysis import _pyplot
+
+        _pyplot()  # fail before any model is loaded when matplotlib is missing
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = "auto" if args.dtype == "auto" else getattr(torch, args.dtype)
+
+    numbers, tensors, taken = {}, {}, set()
+    for model_name, subfolder in zip(models, subfolders):
+        label = _label(model_name, subfolder, taken)
+        print(f"analyzing {label} ({model_name}{' / ' + subfolder if subfolder else ''})", file=sys.stderr)
+        model = Qwen3GatedForCausalLM.from_pretrained(model_name, subfolder=subfolder, dtype=dtype).to(device).eval()
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(model_name, subfolder=subfolder)
+        except (OSError, ValueError) as error:
+            raise GatedQwenError(f"{model_name} has no usable tokenizer files ({error})") from None
+        numbers[label], tensors[label] = analyze_model(model, tokenizer, text, args)
+        numbers[label]["source"] = {"model": model_name, "subfolder": subfolder}
+        del model
+
+    # Everything is written to a fresh sibling folder first, so a failure leaves no half-written --out.
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        figures = [] if args.no_plots else _write_figures(staging, numbers, tensors)
+        report = {"command": ["gated-qwen", *sys.argv[2:]] if sys.argv[1:2] == ["analyze"] else None,
+                  "text": args.text, "prompt": args.prompt, "figures": figures, "models": numbers}
+        (staging / "analysis.json").write_text(json.dumps(report, indent=2))
+        if out.exists():
+            shutil.rmtree(out) if out.is_dir() else os.remove(out)
+        os.replace(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    _print_table(numbers)
+    print(f"wrote {out / 'analysis.json'}" + (f" and {', '.join(figures)}" if figures else ""), file=sys.stderr)
+    return 0
