@@ -254,6 +254,7 @@ def test_analyze_command_writes_json_and_figures(two_arms, tmp_path, capsys):
     report = json.loads((out / "analysis.json").read_text())
     arms = report["models"]
     assert list(arms) == ["headwise", "none"]
+    assert report["arguments"]["context"] == 16 and report["arguments"]["compare"] == [str(baseline)]
     assert arms["headwise"]["gate_type"] == "headwise" and arms["none"]["gates"] is None
     assert len(arms["headwise"]["gates"]["layers"]) == 2
     assert len(arms["none"]["first_token_attention"]["per_layer_and_head"]) == 2

@@ -183,8 +183,8 @@ def run(args) -> int:
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         figures = [] if args.no_plots else _write_figures(staging, numbers, tensors)
-        report = {"command": ["gated-qwen", *sys.argv[2:]] if sys.argv[1:2] == ["analyze"] else None,
-                  "text": args.text, "prompt": args.prompt, "figures": figures, "models": numbers}
+        arguments = {key: value for key, value in vars(args).items() if key != "run"}
+        report = {"arguments": arguments, "figures": figures, "models": numbers}
         (staging / "analysis.json").write_text(json.dumps(report, indent=2))
         if out.exists():
             shutil.rmtree(out) if out.is_dir() else os.remove(out)
