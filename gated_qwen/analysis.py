@@ -486,10 +486,13 @@ def plot_attention_maps(maps: dict[str, dict[int, torch.Tensor]], tokens: dict[s
         for column, (layer, attention) in enumerate(sorted(layer_maps.items())):
             axis = axes[row][column]
             axis.imshow(attention.numpy(), cmap="viridis", vmin=0.0, vmax=1.0)
-            names = tokens[label]
-            if len(names) <= 32:
-                axis.set_xticks(range(len(names)), names, rotation=90, fontsize=6)
-                axis.set_yticks(range(len(names)), names, fontsize=6)
+            names = [token.replace("\n", "\\n") for token in tokens[label]]
+            step = math.ceil(len(names) / 48)  # at most 48 labels per axis stay legible
+            positions = range(0, len(names), step)
+            axis.set_xticks(positions, names[::step], rotation=90, fontsize=5)
+            axis.set_yticks(positions, names[::step], fontsize=5)
+            axis.set_xlabel("key", fontsize=8)
+            axis.set_ylabel("query", fontsize=8)
             axis.set_title(f"{label}: layer {layer}", fontsize=9)
     figure.tight_layout()
     _save(figure, path)
