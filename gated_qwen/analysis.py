@@ -195,7 +195,7 @@ def override_gates(
     sigmoid, (B, T, H, g), returning the gate to apply; None keeps the model's own gate. ``scale`` then
     multiplies it. Only the ``layers`` given (default all) and, in them, the ``heads`` given (a list,
     or a bool mask of shape (H,) or (layers, H); default all) are changed; the rest keep their gate.
-    A constant 1 everywhere gives exactly the model without its gate.
+    A constant 1 everywhere gives the model without its gate (its query rows alone in a gate "none" model).
 
     >>> with override_gates(model, 0.0, layers=[3], heads=[0, 5]):  # doctest: +SKIP
     ...     ablated = model(input_ids).logits
