@@ -40,7 +40,7 @@ def add_parser(subparsers) -> None:
     optim.add_argument("--seed", type=int, default=defaults.seed, help="weights and data order (default %(default)s)")
     run = parser.add_argument_group("run")
     run.add_argument("--out", required=True, help="output folder")
-    run.add_argument("--resume", metavar="DIR", help="continue from a checkpoint folder or an output folder's latest")
+    run.add_argument("--resume", metavar="DIR", help="continue from a checkpoint folder, or the latest one of an output folder, writing to --out (may be the same folder)")
     run.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
     run.add_argument("--eval-every", type=int, default=defaults.eval_every, help="steps between evaluations (default %(default)s)")
     run.add_argument("--eval-rows", type=int, default=defaults.eval_rows, help="held-out rows per evaluation (default %(default)s)")
@@ -59,7 +59,7 @@ def run_train(args) -> int:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
     training_args = TrainingArguments(
         train_file=args.train_file,
-        output_dir=args.resume if args.resume and not args.out else args.out,
+        output_dir=args.out,
         heldout_file=args.heldout_file,
         config=args.config,
         gate=args.gate,
