@@ -28,7 +28,6 @@ import json
 import math
 import shutil
 import time
-from collections import Counter
 from pathlib import Path
 
 import torch

@@ -29,7 +29,6 @@ import torch
 from gated_qwen import Qwen3GatedForCausalLM
 from gated_qwen.analysis import record_attention, record_gates, summarize_gates
 from gated_qwen.default_models import DEFAULT_MODELS_DIR
-from gated_qwen.layout import split_query_and_gate
 from gated_qwen.training import evaluate, heldout_rows, pack_documents, read_documents, unigram_perplexity
 
 ARMS = ("headwise", "baseline")
