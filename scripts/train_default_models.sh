@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Train the two shipped arms one after the other: same seed, data, order, token budget and architecture;
 # they differ only in --gate (and the baseline reuses the headwise run's tokenizer, so both see the same tokens).
-# Then measure them and write gated_qwen/default_models/{headwise,baseline}/ (scripts/export_default_models.py).
+# Then `python scripts/export_default_models.py --force` measures them and writes gated_qwen/default_models/*/.
 #   bash scripts/train_default_models.sh            # about 20 minutes per arm on 2 CPU threads
 set -euo pipefail
 PY=${PY:-python}
