@@ -532,6 +532,7 @@ def plot_first_token_attention(first_token: dict[str, list[float]], path) -> tup
     figure, axis = plt.subplots(figsize=size)
     for label, per_layer in first_token.items():
         axis.plot(range(len(per_layer)), per_layer, marker="o", label=f"{label} (mean {sum(per_layer) / len(per_layer):.3f})")
+    axis.xaxis.get_major_locator().set_params(integer=True)  # layers are whole numbers
     axis.set_xlabel("layer")
     axis.set_ylabel("attention on the first token")
     axis.set_ylim(0, 1)
