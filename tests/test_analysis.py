@@ -281,6 +281,8 @@ def test_analyze_command_writes_json_and_figures(two_arms, tmp_path, capsys):
     assert not (tmp_path / "bad").exists()
     assert main(["analyze", str(headwise), "--prompt", "Hi", "--out", str(tmp_path / "x"), "--subfolder", "a", "b"]) == 2
     assert "--subfolder" in capsys.readouterr().err
+    assert main(["analyze", str(tmp_path / "missing"), "--prompt", "Hi", "--out", str(tmp_path / "x")]) == 2
+    assert "missing is not a folder" in capsys.readouterr().err
 
 
 def test_analyze_without_matplotlib_says_what_to_install(two_arms, tmp_path, capsys, monkeypatch):

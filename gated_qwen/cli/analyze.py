@@ -155,6 +155,10 @@ def run(args) -> int:
             raise GatedQwenError(f"{args.text} is not UTF-8 text") from None
     else:
         text = args.prompt
+    for model_name, subfolder in zip(models, subfolders):
+        local = Path(model_name).expanduser() / subfolder
+        if (Path(model_name).expanduser().exists() or model_name.startswith((".", "/", "~"))) and not local.is_dir():
+            raise GatedQwenError(f"{local} is not a folder; give a checkpoint folder or a hub id like owner/name")
     out = Path(args.out)
     if out.exists() and not args.overwrite:
         raise GatedQwenError(f"{out} already exists; pass --overwrite to replace it or choose another --out")
