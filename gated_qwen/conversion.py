@@ -49,6 +49,7 @@ from .checkpoint import (
     read_local_safetensors_header,
 )
 from .configuration_qwen3_gated import Qwen3GatedConfig
+from .devices import resolve_dtype
 from .errors import CheckpointError, GatedQwenError
 from .layout import gate_dim, merge_query_and_gate, split_query_and_gate
 from .modeling_qwen3_gated import (
@@ -62,7 +63,6 @@ logger = logging.get_logger(__name__)
 
 GATES = ("headwise", "elementwise")
 INITS = ("identity", "random")
-DTYPES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 # stock class -> its gated counterpart; the Qwen3Gated classes subclass these, so order matters
 # only in that each model matches exactly one entry.
@@ -319,8 +319,8 @@ def convert_checkpoint(
     """
     _check_choice(gate, GATES, "gate")
     _check_choice(init, INITS, "init")
-    _check_choice(dtype, DTYPES, "dtype")
-    target_dtype = DTYPES[dtype]
+    target_dtype = resolve_dtype(dtype)
+    target_dtype = None if target_dtype == "auto" else target_dtype  # None: keep each tensor's dtype
     dst = Path(dst).expanduser()
     if dst.exists() and not dst.is_dir():
         raise GatedQwenError(f"{dst} exists and is not a folder; give a folder for the converted checkpoint")

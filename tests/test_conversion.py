@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import save_file
 from transformers import (
     AutoModelForCausalLM,
     LlamaConfig,
@@ -328,7 +327,7 @@ def test_released_baseline_converts(tmp_path):
 
 
 def test_hub_source_downloads_only_needed_files(tmp_path, monkeypatch):
-    snapshot = write_stock_checkpoint(tmp_path / "snapshot" / "arm")
+    write_stock_checkpoint(tmp_path / "snapshot" / "arm")
     calls = []
 
     def fake_snapshot_download(repo_id, revision=None, allow_patterns=None):

@@ -16,7 +16,7 @@ import transformers
 from conftest import write_released_checkpoint, write_tiny_tokenizer
 from transformers import AutoTokenizer
 
-from gated_qwen import Qwen3GatedForCausalLM, default_models, generation
+from gated_qwen import Qwen3GatedForCausalLM, default_models, devices, generation
 from gated_qwen.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -242,9 +242,9 @@ def test_unavailable_cuda_and_flash_attention(checkpoint, capsys, monkeypatch):
     code, out, err = run_generate(capsys, "--model", checkpoint, "--attn", "flash_attention_2", "x")
     assert_one_line_error(code, out, err, "flash_attention_2 needs a CUDA device")
     # on a CUDA machine without the package
-    monkeypatch.setattr(generation, "is_flash_attn_2_available", lambda: False)
+    monkeypatch.setattr(devices, "is_flash_attn_2_available", lambda: False)
     with pytest.raises(generation.GatedQwenError, match="needs the flash-attn package"):
-        generation.check_attention("flash_attention_2", torch.device("cuda"), torch.bfloat16)
+        devices.check_attention("flash_attention_2", torch.device("cuda"), torch.bfloat16)
 
 
 def test_bad_decoding_options_fail_before_loading(checkpoint, capsys):

@@ -11,6 +11,8 @@ from pathlib import Path
 
 
 def add_parser(subparsers) -> None:
+    from ..devices import DEVICES, DTYPES
+
     parser = subparsers.add_parser(
         "analyze",
         help="measure gates, attention sinks, massive activations and perplexity",
@@ -35,8 +37,8 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--context", type=int, default=512, help="perplexity window in tokens (default 512)")
     parser.add_argument("--stride", type=int, default=None, help="perplexity window step (default context/2)")
     parser.add_argument("--batch-size", type=int, default=4, help="perplexity windows per forward (default 4)")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "auto"], help="dtype to run in (default float32)")
-    parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
+    parser.add_argument("--dtype", default="float32", choices=list(DTYPES), help="dtype to run in (default float32)")
+    parser.add_argument("--device", default="auto", choices=DEVICES, help="auto: cuda, then mps, then cpu")
     parser.add_argument("--no-plots", action="store_true", help="write the JSON only (no matplotlib needed)")
     parser.set_defaults(run=run)
 
@@ -138,9 +140,9 @@ def _print_table(numbers: dict) -> None:
 
 
 def run(args) -> int:
-    import torch
     from transformers import AutoTokenizer
 
+    from ..devices import resolve_device, resolve_dtype
     from ..errors import GatedQwenError
     from ..modeling_qwen3_gated import Qwen3GatedForCausalLM
 
@@ -166,8 +168,7 @@ def run(args) -> int:
         from ..analysis import _pyplot
 
         _pyplot()  # fail before any model is loaded when matplotlib is missing
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    dtype = "auto" if args.dtype == "auto" else getattr(torch, args.dtype)
+    device, dtype = resolve_device(args.device), resolve_dtype(args.dtype)
 
     numbers, tensors, taken = {}, {}, set()
     for model_name, subfolder in zip(models, subfolders):

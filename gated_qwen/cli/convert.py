@@ -4,7 +4,8 @@ from __future__ import annotations
 
 
 def add_parser(subparsers) -> None:
-    from ..conversion import DTYPES, GATES, INITS
+    from ..conversion import GATES, INITS
+    from ..devices import DTYPES
 
     parser = subparsers.add_parser(
         "convert",
