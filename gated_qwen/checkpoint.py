@@ -201,7 +201,7 @@ def check_q_proj_layout(config, tensors: dict[str, TensorInfo], source: str = "t
 
     >>> check_q_proj_layout(config, read_checkpoint_header(folder).tensors)  # doctest: +SKIP
     """
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    head_dim = config.head_dim  # a Qwen3GatedConfig always has one (Qwen3Config's default: 128)
     expected_rows = q_proj_rows(config.gate_type, config.num_attention_heads, head_dim)
     for layer in range(config.num_hidden_layers):
         name = f"model.layers.{layer}.self_attn.q_proj.weight"

@@ -146,10 +146,6 @@ def source_config_from_dict(config_dict: dict, source: str = "the model") -> Qwe
         raise CheckpointError(f"the config of {source} is not a valid Qwen3 config: {reason}") from None
 
 
-def _head_dim(config) -> int:
-    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-
-
 def grow_q_proj(query: torch.Tensor, config: Qwen3GatedConfig, init: str = "identity") -> torch.Tensor:
     """A stock q_proj weight ``(H*D, hidden)`` or bias ``(H*D,)`` with the gate rows of ``config`` added.
 
@@ -163,7 +159,7 @@ def grow_q_proj(query: torch.Tensor, config: Qwen3GatedConfig, init: str = "iden
     torch.Size([32, 16])
     """
     _check_choice(init, INITS, "init")
-    head_dim = _head_dim(config)
+    head_dim = config.head_dim
     # a view of the stock rows as (K, G, D, *inputs); an empty gate of 0 rows per head
     grouped_query, _ = split_query_and_gate(query, config.num_key_value_heads, head_dim, 0, dim=0)
     num_kv, heads_per_group = grouped_query.shape[:2]
