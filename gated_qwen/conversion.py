@@ -46,7 +46,7 @@ from .checkpoint import (
     check_q_proj_layout,
     local_weight_files,
     read_checkpoint_header,
-    read_local_safetensors_header,
+    read_local_safetensors_offsets,
 )
 from .configuration_qwen3_gated import Qwen3GatedConfig
 from .devices import resolve_dtype
@@ -351,8 +351,12 @@ def convert_checkpoint(
     if target_dtype is not None:
         config.dtype = target_dtype
 
-    tensor_files = {name: file for file in local_weight_files(folder) for name in read_local_safetensors_header(file)}
-    plan = _plan_tensors(header.tensors, config, gated_class, target_dtype, source)
+    places = {
+        name: StoredTensor(file, start, end)
+        for file in local_weight_files(folder)
+        for name, (start, end) in read_local_safetensors_offsets(file).items()
+    }
+    plan, unchanged = _plan_tensors(header.tensors, config, gated_class, init, target_dtype, source)
     split = _split_into_shards(plan, max_shard_size)
 
     dst.parent.mkdir(parents=True, exist_ok=True)
@@ -365,7 +369,7 @@ def convert_checkpoint(
         with tqdm(total=total_size, unit="B", unit_scale=True, unit_divisor=1024, desc="converting", disable=None if progress else True) as bar:
             for filename, names in split.filename_to_tensors.items():
                 specs = {name: plan[name] for name in names}
-                tensors = _converted_tensors(specs, tensor_files, config, init, target_dtype, bar)
+                tensors = _converted_tensors(specs, places, unchanged, config, init, target_dtype, bar)
                 _write_safetensors(staging / filename, specs, tensors)
         if split.is_sharded:
             index = {"metadata": {"total_size": total_size}, "weight_map": dict(sorted(split.tensor_to_filename.items()))}
@@ -424,9 +428,10 @@ def _source_folder(src: str | os.PathLike, subfolder: str, revision: str | None)
 
 
 def _plan_tensors(
-    tensors: dict[str, TensorInfo], config: Qwen3GatedConfig, gated_class, target_dtype, source: str
-) -> dict[str, TensorInfo]:
-    """Name, shape and dtype of every tensor to write, checked against the model the config describes."""
+    tensors: dict[str, TensorInfo], config: Qwen3GatedConfig, gated_class, init: str, target_dtype, source: str
+) -> tuple[dict[str, TensorInfo], set[str]]:
+    """Name, shape and dtype of every tensor to write, checked against the model the config describes,
+    and the names of those that the conversion leaves exactly as stored."""
     with torch.device("meta"):
         skeleton = gated_class(config)
     expected = {name: tuple(t.shape) for name, t in skeleton.state_dict().items()}
@@ -447,23 +452,26 @@ def _plan_tensors(
             f"{source} does not hold the weights its config describes ({problems}); "
             "check num_hidden_layers, tie_word_embeddings and attention_bias against the weights"
         )
-    plan = {}
+    plan, unchanged = {}, set()
     for name in names:
         info = tensors[name]
         if info.dtype not in SAFETENSORS_DTYPES:
             raise CheckpointError(f"{source}: {name} is stored as {info.dtype}; only floating-point Qwen3 weights can be converted")
+        probe = torch.empty(info.shape, device="meta")
         try:
             # the conversion run on a meta tensor: the output shape, without touching any data
-            shape = tuple(convert_tensor(name, torch.empty(info.shape, device="meta"), config).shape)
+            converted = convert_tensor(name, probe, config, init)
         except ValueError:
-            shape = None
-        if shape != expected[name]:
+            converted = None
+        if converted is None or tuple(converted.shape) != expected[name]:
             raise CheckpointError(
                 f"{source}: {name} has shape {tuple(info.shape)}, which does not fit its config "
                 f"(the gated model expects {expected[name]} after conversion)"
             )
-        plan[name] = TensorInfo(shape, SAFETENSORS_CODES[target_dtype] if target_dtype is not None else info.dtype)
-    return plan
+        plan[name] = TensorInfo(expected[name], SAFETENSORS_CODES[target_dtype] if target_dtype is not None else info.dtype)
+        if converted is probe and plan[name].dtype == info.dtype:
+            unchanged.add(name)
+    return plan, unchanged
 
 
 def _nbytes(info: TensorInfo) -> int:
@@ -483,10 +491,24 @@ def _split_into_shards(plan: dict[str, TensorInfo], max_shard_size: int | str):
         raise GatedQwenError(f"max shard size {max_shard_size!r} is not a size like 5GB, 500MB or a number of bytes") from None
 
 
-def _converted_tensors(specs, tensor_files, config, init, target_dtype, bar) -> Iterator[torch.Tensor]:
-    """Read, convert and yield the tensors of ``specs`` in order, one at a time."""
+@dataclass
+class StoredTensor:
+    """Where a tensor's bytes lie in a source safetensors file: ``file[start:end]``."""
+
+    file: Path
+    start: int
+    end: int
+
+
+def _converted_tensors(specs, places, unchanged, config, init, target_dtype, bar) -> Iterator[torch.Tensor | StoredTensor]:
+    """The tensors of ``specs`` in order, one at a time: read and converted, or, for the ``unchanged``
+    ones (most of them), only their place in the source, so that their bytes are copied unread."""
     for name, spec in specs.items():
-        file = tensor_files[name]
+        if name in unchanged:
+            bar.update(_nbytes(spec))
+            yield places[name]
+            continue
+        file = places[name].file
         try:
             # Opened per tensor so that the file's memory map, and the pages it has touched, is
             # released after each one: resident memory stays near one tensor, not one file.
@@ -501,12 +523,12 @@ def _converted_tensors(specs, tensor_files, config, init, target_dtype, bar) -> 
         yield tensor
 
 
-def _write_safetensors(path: Path, specs: dict[str, TensorInfo], tensors: Iterable[torch.Tensor]) -> None:
+def _write_safetensors(path: Path, specs: dict[str, TensorInfo], tensors: Iterable[torch.Tensor | StoredTensor]) -> None:
     """Write one safetensors file tensor by tensor; the header is known in advance from ``specs``.
 
     safetensors' own writers need every tensor in memory at once; the format is simple enough
     (8-byte little-endian header length, JSON header with byte offsets, raw little-endian data) to
-    stream instead.
+    stream instead. A :class:`StoredTensor` is copied from its source file as it is.
     """
     header, offset = {"__metadata__": {"format": "pt"}}, 0
     for name, spec in specs.items():
@@ -518,10 +540,58 @@ def _write_safetensors(path: Path, specs: dict[str, TensorInfo], tensors: Iterab
     with open(path, "wb") as handle:
         handle.write(struct.pack("<Q", len(header_bytes)))
         handle.write(header_bytes)
+        run = None  # stored tensors that lie back to back in one source file: copied in one call
         for (name, spec), tensor in zip(specs.items(), tensors, strict=True):
+            if isinstance(tensor, StoredTensor):
+                if tensor.end - tensor.start != _nbytes(spec):
+                    raise CheckpointError(f"{tensor.file}: {name} holds {tensor.end - tensor.start} bytes, not the {_nbytes(spec)} "
+                                          f"its shape {spec.shape} and dtype {spec.dtype} need; the file is corrupt")
+                if run is not None and (run.file, run.end) == (tensor.file, tensor.start):
+                    run = StoredTensor(run.file, run.start, tensor.end)
+                else:
+                    if run is not None:
+                        _append_bytes(handle, run)
+                    run = tensor
+                continue
+            if run is not None:
+                _append_bytes(handle, run)
+                run = None
             if tuple(tensor.shape) != spec.shape or SAFETENSORS_CODES[tensor.dtype] != spec.dtype:
                 raise AssertionError(f"{name}: converted to {tuple(tensor.shape)} {tensor.dtype}, planned {spec}")
             handle.write(tensor.contiguous().view(-1).view(torch.uint8).numpy())
+        if run is not None:
+            _append_bytes(handle, run)
+
+
+COPY_CHUNK_SIZE = 16 * 2**20  # bytes per read where the kernel cannot copy between the files itself
+
+
+def _append_bytes(target, stored: StoredTensor) -> None:
+    """Append ``stored``'s bytes to the open file ``target``.
+
+    os.copy_file_range copies inside the kernel (or the file system, which may share the blocks):
+    the bytes neither pass through Python nor stay resident in this process. Where it is missing
+    (not Linux) or refused (some file systems), chunks of COPY_CHUNK_SIZE are read and written.
+    """
+    target.flush()
+    start, remaining = stored.start, stored.end - stored.start
+    with open(stored.file, "rb") as source:
+        try:
+            while remaining:
+                copied = os.copy_file_range(source.fileno(), target.fileno(), remaining, start)
+                if copied == 0:
+                    break  # the source ended early: the reads below say so
+                start, remaining = start + copied, remaining - copied
+        except (AttributeError, OSError):
+            pass
+        target.seek(0, os.SEEK_END)  # copy_file_range moved the descriptor, not the Python file's idea of it
+        source.seek(start)
+        while remaining:
+            chunk = source.read(min(remaining, COPY_CHUNK_SIZE))
+            if not chunk:
+                raise CheckpointError(f"{stored.file} ended before the tensor bytes its header names; it is corrupt or truncated")
+            target.write(chunk)
+            remaining -= len(chunk)
 
 
 def _copy(source: Path, target: Path) -> None:

@@ -5,7 +5,12 @@ from conftest import tiny_config
 from safetensors.torch import save_file
 import torch
 
-from gated_qwen.checkpoint import check_q_proj_layout, read_checkpoint_header, resolve_weight_files
+from gated_qwen.checkpoint import (
+    check_q_proj_layout,
+    read_checkpoint_header,
+    read_local_safetensors_offsets,
+    resolve_weight_files,
+)
 from gated_qwen.errors import CheckpointError
 
 
@@ -41,6 +46,24 @@ def test_corrupt_files_get_one_clear_message(released_checkpoint):
     (folder / "config.json").write_text("{not json")
     with pytest.raises(CheckpointError, match="not valid JSON"):
         read_checkpoint_header(folder)
+
+
+def test_offsets_locate_each_tensors_bytes(tmp_path):
+    tensors = {"a": torch.arange(6.0).reshape(2, 3), "b": torch.arange(4, dtype=torch.bfloat16)}
+    path = tmp_path / "model.safetensors"
+    save_file(tensors, str(path), metadata={"format": "pt"})
+    data = path.read_bytes()
+    offsets = read_local_safetensors_offsets(path)
+    assert offsets.keys() == tensors.keys()
+    for name, tensor in tensors.items():
+        start, end = offsets[name]
+        assert data[start:end] == tensor.view(-1).view(torch.uint8).numpy().tobytes(), name
+    path.write_bytes(data[:-4])  # the last tensor's bytes cut short
+    with pytest.raises(CheckpointError, match="shorter than its header says"):
+        read_local_safetensors_offsets(path)
+    path.write_bytes(b"\x04\x00\x00\x00\x00\x00\x00\x00{no}")
+    with pytest.raises(CheckpointError, match="corrupt or truncated"):
+        read_local_safetensors_offsets(path)
 
 
 def test_missing_folder_and_missing_config(tmp_path):

@@ -6,8 +6,10 @@ import hashlib
 import json
 import subprocess
 import sys
+from contextlib import contextmanager
 from fnmatch import fnmatch
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -247,6 +249,49 @@ def test_identity_conversion_on_disk_is_bit_exact(tmp_path, gate, source_kwargs)
     ids = probe_ids()
     with torch.no_grad():
         assert torch.equal(converted(ids).logits, reference(ids).logits)
+
+
+def test_on_disk_reads_only_the_tensors_it_changes(tmp_path, monkeypatch):
+    """Unchanged tensors are copied as stored bytes: only q_proj and o_proj pass through torch."""
+    from safetensors.torch import load_file
+
+    import gated_qwen.conversion as conversion
+
+    source = write_stock_checkpoint(tmp_path / "stock", max_shard_size="40KB")
+    read = []
+    real_safe_open = conversion.safe_open
+
+    @contextmanager
+    def recording_safe_open(*args, **kwargs):
+        with real_safe_open(*args, **kwargs) as handle:
+            yield SimpleNamespace(get_tensor=lambda name: read.append(name) or handle.get_tensor(name))
+
+    monkeypatch.setattr(conversion, "safe_open", recording_safe_open)
+    result = convert_checkpoint(source, tmp_path / "gated", max_shard_size="50KB", progress=False)
+    assert read and all(name.endswith(("q_proj.weight", "o_proj.weight")) for name in read)
+    assert len(read) == 2 * stock_config().num_hidden_layers
+    stock = {k: v for f in source.glob("*.safetensors") for k, v in load_file(f).items()}
+    gated = {k: v for f in result.path.glob("*.safetensors") for k, v in load_file(f).items()}
+    assert gated.keys() == stock.keys()
+    for name, tensor in stock.items():
+        if "q_proj" not in name and "o_proj" not in name:
+            assert torch.equal(gated[name], tensor), name
+
+
+def test_on_disk_copies_without_copy_file_range(tmp_path, monkeypatch):
+    """Where the kernel cannot copy between the files, chunked reads give the same checkpoint."""
+    import gated_qwen.conversion as conversion
+
+    source = write_stock_checkpoint(tmp_path / "stock", attention_bias=True)
+    kernel = convert_checkpoint(source, tmp_path / "kernel", progress=False)
+
+    def refuse(*args, **kwargs):
+        raise OSError(18, "Invalid cross-device link")
+
+    monkeypatch.setattr(conversion.os, "copy_file_range", refuse, raising=False)
+    monkeypatch.setattr(conversion, "COPY_CHUNK_SIZE", 1000)  # several chunks per tensor
+    chunked = convert_checkpoint(source, tmp_path / "chunked", progress=False)
+    assert digests(chunked.path) == digests(kernel.path)
 
 
 def test_on_disk_writes_a_complete_checkpoint(tmp_path):
