@@ -93,9 +93,9 @@ def test_loading_and_conversion_are_measured_on_real_checkpoints(bench_run):
         conversion["written_bytes"] / 1e6 / conversion["median_seconds"]["convert"]
     )
     assert conversion["largest_tensor_bytes"] == arch["vocab_size"] * arch["hidden_size"] * 4  # the embedding
-    # Each child's own peak: a plain copy needs no torch, so it must peak far below what the converting
-    # child holds after its imports (ru_maxrss from wait4 would report this process's peak for both).
-    assert 0 < conversion["peak_rss"]["copy"] < conversion["import_only_peak_rss"] / 4
+    # Each child's own peak (ru_maxrss from wait4 would report this process's peak for both): the copy
+    # holds nothing beyond its imports, sendfile never brings the bytes into the process.
+    assert abs(conversion["peak_rss"]["copy"] - conversion["import_only_peak_rss"]) < 32 * 2**20
     assert conversion["peak_rss"]["convert"] >= conversion["import_only_peak_rss"]
 
 
