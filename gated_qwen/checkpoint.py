@@ -13,6 +13,7 @@ import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
 from safetensors import safe_open
 
 from .errors import CheckpointError
@@ -21,6 +22,15 @@ from .layout import gate_type_for_rows, q_proj_rows
 SAFE_WEIGHTS_NAME = "model.safetensors"
 SAFE_WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
 CONFIG_NAME = "config.json"
+
+
+# safetensors' dtype codes and the torch dtypes they hold
+SAFETENSORS_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool,
+}  # fmt: skip
+SAFETENSORS_CODES = {dtype: code for code, dtype in SAFETENSORS_DTYPES.items()}
 
 
 @dataclass
@@ -34,6 +44,10 @@ class TensorInfo:
         for size in self.shape:
             n *= size
         return n
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * SAFETENSORS_DTYPES[self.dtype].itemsize
 
 
 @dataclass

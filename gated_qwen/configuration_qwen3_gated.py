@@ -66,12 +66,8 @@ class Qwen3GatedConfig(Qwen3Config):
     @classmethod
     def get_config_dict(cls, pretrained_model_name_or_path, **kwargs):
         config_dict, kwargs = super().get_config_dict(pretrained_model_name_or_path, **kwargs)
-        model_type = config_dict.get("model_type")
-        if model_type not in (None, "qwen3", cls.model_type):
-            raise CheckpointError(
-                f"{pretrained_model_name_or_path} is a {model_type!r} checkpoint, not Qwen3 or Qwen3Gated; "
-                "Qwen3GatedConfig reads only model_type 'qwen3' (stock or released gated) and 'qwen3_gated'"
-            )
+        if "model_type" in config_dict:
+            check_model_type(config_dict, pretrained_model_name_or_path)
         # Released and stock checkpoints say "qwen3"; reading them as Qwen3Gated is the point of this
         # class, so say so in the dict rather than have transformers warn about the mismatch.
         return {**config_dict, "model_type": cls.model_type}, kwargs
@@ -112,4 +108,21 @@ class Qwen3GatedConfig(Qwen3Config):
         return output
 
 
-__all__ = ["Qwen3GatedConfig"]
+def check_model_type(config_dict: dict, source) -> str:
+    """``config_dict``'s model_type if gated-qwen reads it, else one clear error naming it.
+
+    Stock Qwen3 and the released gated arms say ``"qwen3"``; gated-qwen writes ``"qwen3_gated"``.
+
+    >>> check_model_type({"model_type": "qwen3"}, "Qwen/Qwen3-0.6B")
+    'qwen3'
+    """
+    model_type = config_dict.get("model_type")
+    if model_type not in ("qwen3", Qwen3GatedConfig.model_type):
+        raise CheckpointError(
+            f"{source} is a {model_type!r} model, not Qwen3 or Qwen3Gated; gated-qwen reads only "
+            "model_type 'qwen3' (stock Qwen3 or a released gated arm) and 'qwen3_gated'"
+        )
+    return model_type
+
+
+__all__ = ["Qwen3GatedConfig", "check_model_type"]

@@ -31,6 +31,7 @@ import struct
 import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from operator import attrgetter
 from pathlib import Path
 
 import torch
@@ -42,13 +43,15 @@ from transformers.utils import logging
 from .checkpoint import (
     CONFIG_NAME,
     SAFE_WEIGHTS_INDEX_NAME,
+    SAFETENSORS_CODES,
+    SAFETENSORS_DTYPES,
     TensorInfo,
     check_q_proj_layout,
     local_weight_files,
     read_checkpoint_header,
     read_local_safetensors_offsets,
 )
-from .configuration_qwen3_gated import Qwen3GatedConfig
+from .configuration_qwen3_gated import Qwen3GatedConfig, check_model_type
 from .devices import resolve_dtype
 from .errors import CheckpointError, GatedQwenError
 from .layout import gate_dim, merge_query_and_gate, split_query_and_gate
@@ -95,10 +98,6 @@ AUXILIARY_FILES = (
 HUB_PATTERNS = ("config.json", "*.safetensors", SAFE_WEIGHTS_INDEX_NAME, *AUXILIARY_FILES, "additional_chat_templates/*")
 PICKLE_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json")
 
-# safetensors dtype codes of the floating-point tensors a Qwen3 checkpoint holds
-SAFETENSORS_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "F64": torch.float64}
-SAFETENSORS_CODES = {dtype: code for code, dtype in SAFETENSORS_DTYPES.items()}
-
 
 def _check_choice(value: str, choices, what: str) -> None:
     if value not in choices:
@@ -132,11 +131,7 @@ def gated_config_from_dict(config_dict: dict, gate: str, source: str = "the mode
 
 def source_config_from_dict(config_dict: dict, source: str = "the model") -> Qwen3GatedConfig:
     """Read a Qwen3 or Qwen3Gated config dict as a Qwen3GatedConfig, with one clear error otherwise."""
-    model_type = config_dict.get("model_type")
-    if model_type not in ("qwen3", Qwen3GatedConfig.model_type):
-        raise CheckpointError(
-            f"{source} is a {model_type!r} model, not Qwen3; only Qwen3 models (model_type 'qwen3') can be converted"
-        )
+    check_model_type(config_dict, source)
     # model_type would otherwise stay on the instance as "qwen3"
     config_dict = {k: v for k, v in config_dict.items() if k != "model_type"}
     try:
@@ -363,7 +358,7 @@ def convert_checkpoint(
     staging = dst.parent / f".{dst.name}.{uuid.uuid4().hex[:8]}.partial"
     staging.mkdir()  # not tempfile.mkdtemp: its 0700 mode would become DST's
     try:
-        total_size = sum(_nbytes(info) for info in plan.values())
+        total_size = sum(info.nbytes for info in plan.values())
         from tqdm.auto import tqdm
 
         with tqdm(total=total_size, unit="B", unit_scale=True, unit_divisor=1024, desc="converting", disable=None if progress else True) as bar:
@@ -455,7 +450,7 @@ def _plan_tensors(
     plan, unchanged = {}, set()
     for name in names:
         info = tensors[name]
-        if info.dtype not in SAFETENSORS_DTYPES:
+        if info.dtype not in SAFETENSORS_DTYPES or not SAFETENSORS_DTYPES[info.dtype].is_floating_point:
             raise CheckpointError(f"{source}: {name} is stored as {info.dtype}; only floating-point Qwen3 weights can be converted")
         probe = torch.empty(info.shape, device="meta")
         try:
@@ -474,10 +469,6 @@ def _plan_tensors(
     return plan, unchanged
 
 
-def _nbytes(info: TensorInfo) -> int:
-    return info.numel * SAFETENSORS_DTYPES[info.dtype].itemsize
-
-
 def _split_into_shards(plan: dict[str, TensorInfo], max_shard_size: int | str):
     from huggingface_hub import split_state_dict_into_shards_factory
 
@@ -485,7 +476,7 @@ def _split_into_shards(plan: dict[str, TensorInfo], max_shard_size: int | str):
         max_shard_size = int(max_shard_size)  # a plain number of bytes, as the CLI passes it
     try:
         return split_state_dict_into_shards_factory(
-            plan, get_storage_size=_nbytes, filename_pattern="model{suffix}.safetensors", max_shard_size=max_shard_size
+            plan, get_storage_size=attrgetter("nbytes"), filename_pattern="model{suffix}.safetensors", max_shard_size=max_shard_size
         )
     except ValueError:
         raise GatedQwenError(f"max shard size {max_shard_size!r} is not a size like 5GB, 500MB or a number of bytes") from None
@@ -505,7 +496,7 @@ def _converted_tensors(specs, places, unchanged, config, init, target_dtype, bar
     ones (most of them), only their place in the source, so that their bytes are copied unread."""
     for name, spec in specs.items():
         if name in unchanged:
-            bar.update(_nbytes(spec))
+            bar.update(spec.nbytes)
             yield places[name]
             continue
         file = places[name].file
@@ -519,7 +510,7 @@ def _converted_tensors(specs, places, unchanged, config, init, target_dtype, bar
         if target_dtype is not None:
             tensor = tensor.to(target_dtype)  # before the conversion, so the scaling happens in the stored dtype
         tensor = convert_tensor(name, tensor, config, init)
-        bar.update(_nbytes(spec))
+        bar.update(spec.nbytes)
         yield tensor
 
 
@@ -532,7 +523,7 @@ def _write_safetensors(path: Path, specs: dict[str, TensorInfo], tensors: Iterab
     """
     header, offset = {"__metadata__": {"format": "pt"}}, 0
     for name, spec in specs.items():
-        size = _nbytes(spec)
+        size = spec.nbytes
         header[name] = {"dtype": spec.dtype, "shape": list(spec.shape), "data_offsets": [offset, offset + size]}
         offset += size
     header_bytes = json.dumps(header, separators=(",", ":")).encode()
@@ -543,8 +534,8 @@ def _write_safetensors(path: Path, specs: dict[str, TensorInfo], tensors: Iterab
         run = None  # stored tensors that lie back to back in one source file: copied in one call
         for (name, spec), tensor in zip(specs.items(), tensors, strict=True):
             if isinstance(tensor, StoredTensor):
-                if tensor.end - tensor.start != _nbytes(spec):
-                    raise CheckpointError(f"{tensor.file}: {name} holds {tensor.end - tensor.start} bytes, not the {_nbytes(spec)} "
+                if tensor.end - tensor.start != spec.nbytes:
+                    raise CheckpointError(f"{tensor.file}: {name} holds {tensor.end - tensor.start} bytes, not the {spec.nbytes} "
                                           f"its shape {spec.shape} and dtype {spec.dtype} need; the file is corrupt")
                 if run is not None and (run.file, run.end) == (tensor.file, tensor.start):
                     run = StoredTensor(run.file, run.start, tensor.end)

@@ -37,7 +37,7 @@ def test_inspect_errors_are_one_line_without_traceback(released_checkpoint, tmp_
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "config.json").write_text(json.dumps({"model_type": "llama"}))
     assert main(["inspect", str(tmp_path / "other")]) == 2
-    assert "'llama' checkpoint" in capsys.readouterr().err
+    assert "'llama' model, not Qwen3 or Qwen3Gated" in capsys.readouterr().err
 
 
 def test_console_script_version_and_bad_argument():

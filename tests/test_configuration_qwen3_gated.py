@@ -61,5 +61,5 @@ def test_save_writes_qwen3_gated_and_keeps_the_released_keys(tmp_path):
 
 def test_another_model_type_is_refused(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
-    with pytest.raises(CheckpointError, match="'llama' checkpoint"):
+    with pytest.raises(CheckpointError, match="'llama' model, not Qwen3 or Qwen3Gated"):
         Qwen3GatedConfig.from_pretrained(tmp_path)

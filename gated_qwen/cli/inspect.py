@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 
-_DTYPE_NAMES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16", "F64": "float64", "I64": "int64"}
-
 
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser(
@@ -27,14 +25,12 @@ def describe(checkpoint: str, subfolder: str = "", revision: str | None = None) 
     >>> describe("QwQZh/gated_attention", subfolder="1B_gate_headwise")["gate_type"]  # doctest: +SKIP
     'headwise'
     """
-    from ..checkpoint import check_q_proj_layout, read_checkpoint_header
-    from ..configuration_qwen3_gated import Qwen3GatedConfig
+    from ..checkpoint import SAFETENSORS_DTYPES, check_q_proj_layout, read_checkpoint_header
+    from ..configuration_qwen3_gated import Qwen3GatedConfig, check_model_type
     from ..errors import CheckpointError
 
     header = read_checkpoint_header(checkpoint, subfolder=subfolder, revision=revision)
-    model_type = header.config.get("model_type")
-    if model_type not in ("qwen3", "qwen3_gated"):
-        raise CheckpointError(f"{header.source} is a {model_type!r} checkpoint, not Qwen3 or Qwen3Gated")
+    model_type = check_model_type(header.config, header.source)
     try:
         config = Qwen3GatedConfig.from_dict(header.config)
     except CheckpointError:
@@ -44,7 +40,7 @@ def describe(checkpoint: str, subfolder: str = "", revision: str | None = None) 
     if not header.tensors:
         raise CheckpointError(f"{header.source} has no safetensors weights (model.safetensors or an index)")
     check_q_proj_layout(config, header.tensors, header.source)
-    weight_dtypes = sorted({_DTYPE_NAMES.get(t.dtype, t.dtype) for t in header.tensors.values()})
+    weight_dtypes = sorted({str(SAFETENSORS_DTYPES.get(t.dtype, t.dtype)).removeprefix("torch.") for t in header.tensors.values()})
     return {
         "source": header.source,
         "model_type": model_type,
