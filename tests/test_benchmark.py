@@ -73,6 +73,8 @@ def test_targets_compare_measurements_with_the_issue_limits(bench_run):
     row = targets["decode_b1: elementwise time / none time"]
     assert row["measured"] == decode["time_ratio_to_none"]["elementwise"]
     assert row["limit"] == pytest.approx(parameters["elementwise"] / parameters["none"] + 0.02)
+    assert tuple(row["quartiles"]) == tuple(decode["time_ratio_quartiles_to_none"]["elementwise"])
+    assert targets["conversion time / copy time"]["quartiles"] is None
     assert targets["decode_b1: headwise time / none time"]["limit"] == pytest.approx(1.02)
     assert all(row["met"] == (row["measured"] <= row["limit"]) for row in result["targets"])
     assert len(targets) == 3 * 3 + 2
@@ -149,3 +151,19 @@ def test_arms_share_weights_and_decode_is_timed_over_cached_steps():
     q_rows = {gate: arms[gate].model.layers[0].self_attn.q_proj.out_features for gate in ("none", "headwise", "elementwise")}
     assert q_rows == {"none": 64, "headwise": 68, "elementwise": 128}  # H*D, +H, x2
     assert time_decode(arms["headwise"], ids, new_tokens=3) > 0
+
+
+def test_decode_time_is_the_median_step(monkeypatch):
+    """One stretched step (an interrupt, a page fault) does not move a run's per-token time."""
+    import gated_qwen.benchmark as benchmark
+
+    clock = iter([0.0, 10.0, 11.0, 12.0, 20.0])  # prompt, then four tokens: steps of 1, 1 and 8 seconds
+    monkeypatch.setattr(benchmark.time, "perf_counter", lambda: next(clock))
+
+    class FakeModel:
+        def generate(self, input_ids, generation_config, streamer):
+            for _ in range(generation_config.max_new_tokens + 1):
+                streamer.put(None)
+            return torch.zeros(1, input_ids.shape[1] + generation_config.max_new_tokens, dtype=torch.long)
+
+    assert time_decode(FakeModel(), torch.tensor([[1, 2]]), new_tokens=4) == 1.0
