@@ -76,6 +76,11 @@ def test_targets_compare_measurements_with_the_issue_limits(bench_run):
     assert tuple(row["quartiles"]) == tuple(decode["time_ratio_quartiles_to_none"]["elementwise"])
     assert targets["conversion time / copy time"]["quartiles"] is None
     assert targets["decode_b1: headwise time / none time"]["limit"] == pytest.approx(1.02)
+    # prefill's compute grows with the decoder layers' weights only: the embedding is a lookup
+    layers = result["models"]["layer_parameters"]
+    assert layers["elementwise"] - layers["none"] == parameters["elementwise"] - parameters["none"]
+    assert layers["none"] < parameters["none"]
+    assert targets["prefill_b1: elementwise time / none time"]["limit"] == pytest.approx(layers["elementwise"] / layers["none"] + 0.02)
     assert all(row["met"] == (row["measured"] <= row["limit"]) for row in result["targets"])
     assert len(targets) == 3 * 3 + 2
     # recomputed from the stored measurements, the same rows come out
