@@ -328,26 +328,23 @@ def peak_rss():
         import resource
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 """
-_CONVERT_CHILD = _PEAK_RSS + """
-import json, sys, time
+# Both children run the same script but for their work: each imports the converter, even the copy
+# that does not use it, so both clocks start the same few seconds after the previous run's files were
+# deleted. On a virtual machine that hands freed memory back to its host, that delay decides whether
+# new page-cache pages are still backed or must be faulted in again, which measured here as 0.13 s
+# against 0.9 s for the same 433 MB copy.
+_CHILD_WORK = {
+    "copy": "shutil.copytree(sys.argv[1], sys.argv[2]); extra = {}",
+    "convert": 'extra = {"bytes": convert_checkpoint(sys.argv[1], sys.argv[2], gate="headwise", progress=False).total_size}',
+}
+_CHILD = _PEAK_RSS + """
+import json, shutil, sys, time
 from gated_qwen.conversion import convert_checkpoint
 import_peak_rss = peak_rss()  # what Python, torch and transformers take before any work
 start = time.perf_counter()
-result = convert_checkpoint(sys.argv[1], sys.argv[2], gate="headwise", progress=False)
+WORK
 seconds = time.perf_counter() - start
-print(json.dumps({"seconds": seconds, "bytes": result.total_size, "peak_rss": peak_rss(), "import_peak_rss": import_peak_rss}))
-"""
-# The copy child imports the converter too, though it does not use it: both clocks then start the same
-# few seconds after the previous run's files were deleted. On a virtual machine that hands freed memory
-# back to its host, that delay decides whether new page-cache pages are still backed or must be
-# faulted in again, which measured here as 0.13 s against 0.9 s for the same 433 MB copy.
-_COPY_CHILD = _PEAK_RSS + """
-import json, shutil, sys, time
-import gated_qwen.conversion
-import_peak_rss = peak_rss()
-start = time.perf_counter()
-shutil.copytree(sys.argv[1], sys.argv[2])
-print(json.dumps({"seconds": time.perf_counter() - start, "peak_rss": peak_rss(), "import_peak_rss": import_peak_rss}))
+print(json.dumps({"seconds": seconds, "peak_rss": peak_rss(), "import_peak_rss": import_peak_rss, **extra}))
 """
 
 
@@ -379,7 +376,7 @@ def measure_conversion(options: BenchmarkOptions, stock: Path, folder: Path) -> 
         shutil.rmtree(target, ignore_errors=True)
         if hasattr(os, "sync"):
             os.sync()  # the previous run's writeback would otherwise fall on this one
-        outcome = run_child(_CONVERT_CHILD if kind == "convert" else _COPY_CHILD, str(stock), str(target))
+        outcome = run_child(_CHILD.replace("WORK", _CHILD_WORK[kind]), str(stock), str(target))
         shutil.rmtree(target)
         return outcome
 
