@@ -1,4 +1,4 @@
-"""Train a Qwen3Gated model from scratch on plain text.
+"""Train a Qwen3Gated model on plain text: from scratch, or continuing a Qwen3 / Qwen3Gated checkpoint.
 
 The pieces, each usable alone:
 
@@ -14,7 +14,11 @@ The pieces, each usable alone:
   under ``accelerate launch`` (data parallel: each process takes its rows of every global batch). It logs to
   ``log.csv``, plots ``loss.png`` when matplotlib is installed, saves ``checkpoint-STEP/`` folders that
   :func:`train` resumes from (model, optimizer, scheduler and RNG through ``Accelerator.save_state``, step and
-  tokens in ``trainer_state.json``), and the trained model with its tokenizer in ``final/``.
+  tokens in ``trainer_state.json``), and the trained model with its tokenizer in ``final/``;
+* :func:`load_initial_model` continues a checkpoint instead (``init_from``), converting a model without a
+  gate on the fly (:func:`gated_qwen.conversion.convert_qwen3_to_gated`), and :func:`parameter_groups`
+  trains all of it or only the gate rows of q_proj (``trainable="gate"``), the gate rows at their own
+  learning rate (``gate_lr_scale``).
 
 Two runs with the same seed, data, token budget and architecture see the same rows in the same order, with
 weights initialised from the same seed, so arms that differ only in ``gate`` are a matched comparison.
@@ -40,6 +44,8 @@ from transformers.utils import logging
 
 logger = logging.get_logger(__name__)
 
+DEFAULT_VOCAB_SIZE = 4096
+TRAINABLE = ("all", "gate")
 EOS_TOKEN = "<|endoftext|>"
 PAD_TOKEN = "<|pad|>"
 LOG_FIELDS = ("step", "tokens", "lr", "train_loss", "heldout_loss", "heldout_ppl", "tokens_per_s", "elapsed_s")
@@ -64,7 +70,7 @@ class TrainingArguments:
     config: str | None = None  # a config.json (e.g. configs/small_4M.json); None: Qwen3GatedConfig defaults + flags
     gate: str | None = None  # none/headwise/elementwise; overrides the config's gate flags
     tokenizer: str | None = None  # a tokenizer folder; None: train a byte-level BPE of vocab_size
-    vocab_size: int = 4096
+    vocab_size: int | None = None  # of the BPE to train; None: DEFAULT_VOCAB_SIZE
     seq_len: int = 256
     batch_size: int = 16
     max_steps: int | None = None
@@ -83,6 +89,13 @@ class TrainingArguments:
     threads: int | None = None  # torch CPU threads
     overwrite: bool = False
     progress: bool = True
+    # Continuing a checkpoint instead of training from scratch (see load_initial_model, parameter_groups).
+    init_from: str | None = None  # a Qwen3 or Qwen3Gated checkpoint folder or hub id; its tokenizer is kept
+    init_from_subfolder: str = ""
+    init_from_revision: str | None = None
+    gate_init: str | None = None  # identity/random: how `gate` converts init_from (default identity)
+    trainable: str = "all"  # all, or gate: only the gate rows of q_proj (weight and bias) are trained
+    gate_lr_scale: float = 1.0  # the gate rows learn at learning_rate * gate_lr_scale
 
     def tokens_per_step(self, num_processes: int = 1) -> int:
         return self.batch_size * self.seq_len * num_processes
@@ -252,9 +265,8 @@ def unigram_perplexity(train_stream: torch.Tensor, rows: torch.Tensor, vocab_siz
     return {"loss": loss, "ppl": math.exp(loss), "tokens": targets.numel()}
 
 
-def build_config(args: TrainingArguments, tokenizer) -> Qwen3GatedConfig:
-    """The model config: ``args.config`` (or defaults), the gate of ``args.gate``, the tokenizer's vocabulary
-    and special tokens, and room for ``seq_len`` positions."""
+def _config_values(args: TrainingArguments) -> dict:
+    """The keys of ``args.config`` (or none: the defaults) with the gate of ``args.gate``."""
     values = {}
     if args.config:
         path = Path(args.config)
@@ -273,6 +285,13 @@ def build_config(args: TrainingArguments, tokenizer) -> Qwen3GatedConfig:
             raise TrainingError(f"unknown gate {args.gate!r}; expected one of {', '.join(GATE_TYPES)}")
         values["headwise_attn_output_gate"] = args.gate == "headwise"
         values["elementwise_attn_output_gate"] = args.gate == "elementwise"
+    return values
+
+
+def build_config(args: TrainingArguments, tokenizer) -> Qwen3GatedConfig:
+    """The model config: ``args.config`` (or defaults), the gate of ``args.gate``, the tokenizer's vocabulary
+    and special tokens, and room for ``seq_len`` positions."""
+    values = _config_values(args)
     values.update(
         vocab_size=len(tokenizer),
         eos_token_id=tokenizer.eos_token_id,
@@ -280,10 +299,243 @@ def build_config(args: TrainingArguments, tokenizer) -> Qwen3GatedConfig:
         pad_token_id=tokenizer.pad_token_id,
         max_position_embeddings=max(values.get("max_position_embeddings", 0), args.seq_len),
     )
+    return _make_config(args, values)
+
+
+def _make_config(args: TrainingArguments, values: dict) -> Qwen3GatedConfig:
     try:
         return Qwen3GatedConfig(**values)
     except (TypeError, ValueError) as error:
         raise TrainingError(f"config {args.config or '(defaults)'} is not a valid Qwen3Gated config: {error}") from None
+
+
+# ----------------------------------------------------------------------------------------------
+# Continuing a checkpoint: which model, which parameters train
+
+
+def check_arguments(args: TrainingArguments) -> None:
+    """Refuse option combinations that cannot mean anything, before anything is read or written.
+
+    >>> check_arguments(TrainingArguments(train_file="t.jsonl", output_dir="o", max_steps=1, gate_init="random"))
+    Traceback (most recent call last):
+    ...
+    gated_qwen.training.TrainingError: --init says how --gate converts the --init-from checkpoint; give --init-from and --gate with it, or leave --init out
+    """
+    from .conversion import INITS
+
+    if args.trainable not in TRAINABLE:
+        raise TrainingError(f"unknown --trainable {args.trainable!r}; expected one of {', '.join(TRAINABLE)}")
+    if not (math.isfinite(args.gate_lr_scale) and args.gate_lr_scale > 0):
+        raise TrainingError(f"--gate-lr-scale must be a positive number, got {args.gate_lr_scale}")
+    if args.gate_init is not None and args.gate_init not in INITS:
+        raise TrainingError(f"unknown --init {args.gate_init!r}; expected one of {', '.join(INITS)}")
+    if args.gate_init is not None and (args.init_from is None or args.gate is None):
+        raise TrainingError(
+            "--init says how --gate converts the --init-from checkpoint; give --init-from and --gate with it, or leave --init out"
+        )
+    if args.init_from is None:
+        for value, flag in ((args.init_from_subfolder, "--subfolder"), (args.init_from_revision, "--revision")):
+            if value:
+                raise TrainingError(f"{flag} applies to the --init-from checkpoint; give --init-from, or leave {flag} out")
+        if args.trainable == "gate":
+            raise TrainingError(
+                "--trainable gate trains only the gate of a pretrained model; give the model with --init-from "
+                "(from scratch, train all parameters)"
+            )
+        return
+    for value, flag in ((args.config, "--config"), (args.tokenizer, "--tokenizer"), (args.vocab_size, "--vocab-size")):
+        if value is not None:
+            raise TrainingError(
+                f"{flag} does not apply with --init-from: the architecture and the tokenizer are the checkpoint's; leave {flag} out"
+            )
+    if args.gate == "none":
+        raise TrainingError(
+            "--gate with --init-from converts a checkpoint without a gate into a gated one; "
+            "'none' converts nothing: leave --gate out to continue the checkpoint as it is"
+        )
+
+
+def read_init_config(args: TrainingArguments) -> Qwen3GatedConfig:
+    """The config of the model training will start from: ``args.init_from``'s, converted to ``args.gate``.
+
+    Only config.json is read (for a hub id, only it is downloaded). Refuses a gate conversion of a
+    checkpoint that has a gate, and ``trainable="gate"`` or a ``gate_lr_scale`` for a model without one.
+
+    >>> read_init_config(TrainingArguments(train_file="t.jsonl", output_dir="o", max_steps=1,
+    ...                                    init_from="gated_qwen/default_models/baseline", gate="headwise")).gate_type  # doctest: +SKIP
+    'headwise'
+    """
+    from .generation import local_checkpoint_folder
+
+    source = args.init_from + (f" (subfolder {args.init_from_subfolder})" if args.init_from_subfolder else "")
+    local_checkpoint_folder(args.init_from, args.init_from_subfolder)  # a clear error for a missing folder
+    try:
+        config = Qwen3GatedConfig.from_pretrained(
+            args.init_from, subfolder=args.init_from_subfolder, revision=args.init_from_revision
+        )
+    except (OSError, ValueError) as error:
+        if isinstance(error, GatedQwenError):
+            raise
+        reason = " ".join(str(error).split())
+        raise TrainingError(f"cannot read the config of {source}: {reason}") from None
+    if args.gate is not None:
+        if config.gate_type != "none":
+            raise TrainingError(
+                f"{source} already has a {config.gate_type} gate; --gate converts a checkpoint without one. "
+                "Leave --gate out to continue training it as it is"
+            )
+        config.headwise_attn_output_gate = args.gate == "headwise"
+        config.elementwise_attn_output_gate = args.gate == "elementwise"
+    _check_gate_options(args, config.gate_type, f"{source} has no gate")
+    return config
+
+
+def _check_gate_options(args: TrainingArguments, gate_type: str, no_gate: str) -> None:
+    if gate_type != "none":
+        return
+    hint = "add --gate headwise or --gate elementwise to convert it" if args.init_from else "choose a gate with --gate"
+    if args.trainable == "gate":
+        raise TrainingError(f"{no_gate}, so --trainable gate would train nothing; {hint}")
+    if args.gate_lr_scale != 1.0:
+        raise TrainingError(f"{no_gate}, so --gate-lr-scale has nothing to scale; {hint}, or leave --gate-lr-scale out")
+
+
+def load_initial_model(args: TrainingArguments):
+    """The model of ``args.init_from`` in float32, converted to ``args.gate`` when that is given.
+
+    Any Qwen3 or Qwen3Gated checkpoint loads (a released arm, a stock Qwen3, one saved here) through
+    :meth:`Qwen3GatedForCausalLM.from_pretrained`, which never runs code from the checkpoint. The
+    weights train in float32 whatever dtype the checkpoint stores. The conversion
+    (:func:`gated_qwen.conversion.convert_qwen3_to_gated`) draws a random gate init right after
+    ``torch.manual_seed(args.seed)``, so the same seed gives the same model again.
+
+    >>> model = load_initial_model(TrainingArguments(train_file="t.jsonl", output_dir="o", max_steps=1,
+    ...                            init_from="gated_qwen/default_models/baseline", gate="headwise"))  # doctest: +SKIP
+    >>> model.config.gate_type  # doctest: +SKIP
+    'headwise'
+    """
+    from .conversion import convert_qwen3_to_gated
+    from .modeling_qwen3_gated import Qwen3GatedForCausalLM
+
+    model = Qwen3GatedForCausalLM.from_pretrained(
+        args.init_from, subfolder=args.init_from_subfolder, revision=args.init_from_revision, dtype=torch.float32
+    )
+    if args.gate is not None:
+        torch.manual_seed(args.seed)
+        model = convert_qwen3_to_gated(model, gate=args.gate, init=args.gate_init or "identity")
+    return model
+
+
+class QueryAndGateRows(torch.nn.Module):
+    """A ``torch.nn.utils.parametrize`` parametrization of q_proj's weight (or bias) as two tensors.
+
+    ``right_inverse`` splits the fused rows into the query rows and the gate rows (each flattened to
+    ``(rows, *inputs)``, so a weight stays a matrix and a bias a vector); ``forward`` merges them back
+    in the released layout. Both go through :mod:`gated_qwen.layout`. The gate rows so become a
+    Parameter of their own, which an optimizer can treat apart from the rest of q_proj.
+
+    >>> rows = QueryAndGateRows(num_key_value_heads=2, head_dim=4, gate_dim=1)
+    >>> fused = torch.arange(20.0)                            # K=2 groups of G=2 heads: 16 query + 4 gate rows
+    >>> query, gate = rows.right_inverse(fused)
+    >>> gate.tolist(), torch.equal(rows(query, gate), fused)
+    ([8.0, 9.0, 18.0, 19.0], True)
+    """
+
+    def __init__(self, num_key_value_heads: int, head_dim: int, gate_dim: int):
+        super().__init__()
+        self.num_key_value_heads, self.head_dim, self.gate_dim = num_key_value_heads, head_dim, gate_dim
+
+    def forward(self, query_rows: torch.Tensor, gate_rows: torch.Tensor) -> torch.Tensor:
+        from .layout import merge_query_and_gate
+
+        query = query_rows.unflatten(0, (self.num_key_value_heads, -1, self.head_dim))  # (K, G, D, *inputs)
+        gate = gate_rows.unflatten(0, (self.num_key_value_heads, -1, self.gate_dim))  # (K, G, g, *inputs)
+        return merge_query_and_gate(query, gate, dim=0)
+
+    def right_inverse(self, fused: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        from .layout import split_query_and_gate
+
+        query, gate = split_query_and_gate(fused, self.num_key_value_heads, self.head_dim, self.gate_dim, dim=0)
+        return query.flatten(0, 2).clone(), gate.flatten(0, 2).clone()
+
+
+def _gated_q_projs(model) -> list[tuple[torch.nn.Module, QueryAndGateRows]]:
+    from .modeling_qwen3_gated import Qwen3GatedAttention
+
+    return [
+        # K from the key projection, as the attention itself reads it
+        (module.q_proj, QueryAndGateRows(module.k_proj.out_features // module.head_dim, module.head_dim, module.gate_dim))
+        for module in model.modules()
+        if isinstance(module, Qwen3GatedAttention) and module.gate_dim
+    ]
+
+
+def separate_gate_rows(model) -> list[torch.nn.Parameter]:
+    """Give the gate rows of every gated q_proj (weight and bias) a Parameter of their own; returns them.
+
+    Registers :class:`QueryAndGateRows` on q_proj's ``weight`` and ``bias``: q_proj then computes with
+    the merged rows as before (same values, same layout), while its query rows and its gate rows are
+    two Parameters (``q_proj.parametrizations.weight.original0`` and ``original1``).
+    :func:`merge_gate_rows` undoes it. A model without a gate is left as it is.
+
+    >>> gate_rows = separate_gate_rows(model)  # doctest: +SKIP
+    >>> merge_gate_rows(model)  # doctest: +SKIP
+    """
+    from torch.nn.utils import parametrize
+
+    gate_rows = []
+    for q_proj, rows in _gated_q_projs(model):
+        for name in ("weight", "bias"):
+            if getattr(q_proj, name) is not None:
+                parametrize.register_parametrization(q_proj, name, rows)
+                gate_rows.append(q_proj.parametrizations[name].original1)
+    return gate_rows
+
+
+def merge_gate_rows(model) -> None:
+    """Undo :func:`separate_gate_rows`: each q_proj holds one plain weight (and bias) again, as saved."""
+    from torch.nn.utils import parametrize
+
+    for module in model.modules():
+        if parametrize.is_parametrized(module):
+            for name in list(module.parametrizations):
+                parametrize.remove_parametrizations(module, name, leave_parametrized=True)
+
+
+def parameter_groups(model, args: TrainingArguments) -> list[dict]:
+    """AdamW parameter groups: matrices with weight decay, vectors (norms, biases) without.
+
+    With ``args.trainable == "gate"`` only the gate rows of q_proj are in them and every other
+    parameter is frozen (``requires_grad=False``), the rest of q_proj included; with a
+    ``gate_lr_scale`` other than 1 the gate rows form groups of their own at that multiple of the
+    learning rate. Either way :func:`separate_gate_rows` first gives the gate rows a Parameter of
+    their own: an optimizer, weight decay included, then never touches what it does not hold, so
+    every frozen value stays bit for bit as it was (zeroing gradients would not: AdamW's decoupled
+    decay and its momentum move a parameter whose gradient is zero). Each group carries its
+    ``lr_scale``; the scheduler multiplies every group's own rate.
+
+    >>> groups = parameter_groups(model, TrainingArguments(train_file="t", output_dir="o", max_steps=1, trainable="gate"))  # doctest: +SKIP
+    >>> [group["lr_scale"] for group in groups]  # doctest: +SKIP
+    [1.0, 1.0]
+    """
+    apart = args.trainable == "gate" or args.gate_lr_scale != 1.0
+    gate_rows = separate_gate_rows(model) if apart else []
+    gate_ids = {id(p) for p in gate_rows}
+    others = [p for p in model.parameters() if id(p) not in gate_ids]
+    if args.trainable == "gate":
+        for p in others:
+            p.requires_grad_(False)
+        others = []
+    groups = [
+        {"params": [p for p in others if p.dim() >= 2], "weight_decay": args.weight_decay, "lr_scale": 1.0},
+        {"params": [p for p in others if p.dim() < 2], "weight_decay": 0.0, "lr_scale": 1.0},
+        {"params": [p for p in gate_rows if p.dim() >= 2], "weight_decay": args.weight_decay, "lr_scale": args.gate_lr_scale},
+        {"params": [p for p in gate_rows if p.dim() < 2], "weight_decay": 0.0, "lr_scale": args.gate_lr_scale},
+    ]
+    groups = [group for group in groups if group["params"]]
+    for group in groups:
+        group["lr"] = args.learning_rate * group["lr_scale"]
+    return groups
 
 
 def _resolve_precision(precision: str, accelerator_device: torch.device) -> str:
@@ -397,9 +649,16 @@ def plot_losses(log_path: str | Path, png_path: str | Path) -> Path:
 def train(args: TrainingArguments, resume: str | Path | None = None) -> dict:
     """Train (or, with ``resume``, continue) a model as ``args`` says; returns a summary dict.
 
+    The model is new (``args.config``, a tokenizer trained on the text or ``args.tokenizer``) or, with
+    ``args.init_from``, a checkpoint's, with its tokenizer (:func:`load_initial_model`); which of its
+    parameters train, and at which rate, says :func:`parameter_groups`. Every check on the options and
+    on the checkpoint comes before the output folder is touched.
+
     ``resume`` is a checkpoint folder or an output folder (its latest checkpoint is taken); the run
     continues at the saved step with the saved optimizer, scheduler and RNG state, and the data order
-    continues where it left off, so the losses equal those of an uninterrupted run.
+    continues where it left off, so the losses equal those of an uninterrupted run. With ``init_from``
+    the model is built again as at the start (the checkpoint must still be readable; a random gate
+    init is drawn from the seed again), then every weight is replaced by the saved one.
 
     >>> train(TrainingArguments(train_file="train.jsonl", output_dir="runs/x", max_steps=100))  # doctest: +SKIP
     {'steps': 100, 'tokens': 409600, ...}
@@ -409,13 +668,28 @@ def train(args: TrainingArguments, resume: str | Path | None = None) -> dict:
     from tqdm.auto import tqdm
     from transformers import AutoTokenizer, get_cosine_with_min_lr_schedule_with_warmup
 
+    from .generation import load_tokenizer
     from .modeling_qwen3_gated import Qwen3GatedForCausalLM
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    check_arguments(args)
     checkpoint = latest_checkpoint(resume) if resume is not None else None
     if checkpoint is not None:
         _check_resume_matches(args, json.loads((checkpoint / "trainer_state.json").read_text())["args"])
+    initial_model = initial_tokenizer = None
+    if args.init_from:
+        read_init_config(args)  # the options against the checkpoint's config, before any weight is read
+        if checkpoint is None:  # a resumed run takes the tokenizer saved with its checkpoint, as always
+            initial_tokenizer = load_tokenizer(args.init_from, args.init_from_subfolder, args.init_from_revision)
+        initial_model = load_initial_model(args)
+        if initial_tokenizer is not None and len(initial_tokenizer) > initial_model.config.vocab_size:
+            raise TrainingError(
+                f"the tokenizer of {args.init_from} has {len(initial_tokenizer)} tokens but its model's vocab_size is "
+                f"{initial_model.config.vocab_size}: it is not this model's tokenizer"
+            )
+    else:
+        _check_gate_options(args, _make_config(args, _config_values(args)).gate_type, "the model has no gate")
     # The precision depends on the device, which accelerate knows before the Accelerator exists.
     accelerator = Accelerator(mixed_precision=_resolve_precision(args.precision, PartialState().device))
     out = _prepare_output_dir(args, resuming=checkpoint is not None)
@@ -434,8 +708,10 @@ def train(args: TrainingArguments, resume: str | Path | None = None) -> dict:
             tokenizer = AutoTokenizer.from_pretrained(str(source))
         except (OSError, ValueError) as error:
             raise TrainingError(f"cannot load the tokenizer in {source}: {error}") from None
+    elif initial_tokenizer is not None:
+        tokenizer = initial_tokenizer
     else:
-        tokenizer = train_tokenizer(documents, args.vocab_size)
+        tokenizer = train_tokenizer(documents, args.vocab_size or DEFAULT_VOCAB_SIZE)
     if accelerator.is_main_process:
         tokenizer.save_pretrained(tokenizer_dir)
         (out / "train_args.json").write_text(json.dumps(dataclasses.asdict(args), indent=2) + "\n")
@@ -446,16 +722,19 @@ def train(args: TrainingArguments, resume: str | Path | None = None) -> dict:
     if args.heldout_file:
         heldout = heldout_rows(pack_documents(read_documents(args.heldout_file), tokenizer), args.seq_len, args.eval_rows)
 
-    config = build_config(args, tokenizer)
-    torch.manual_seed(args.seed)
-    model = Qwen3GatedForCausalLM(config)
-    decay = [p for p in model.parameters() if p.dim() >= 2]  # matrices; norms and biases are not decayed
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=args.learning_rate,
-        betas=tuple(args.adam_betas),
-    )
+    if initial_model is None:
+        config = build_config(args, tokenizer)
+        torch.manual_seed(args.seed)
+        model = Qwen3GatedForCausalLM(config)
+    else:
+        model, config = initial_model, initial_model.config
+        if args.seq_len > config.max_position_embeddings:
+            logger.warning(
+                f"--seq-len {args.seq_len} is longer than {args.init_from}'s max_position_embeddings "
+                f"({config.max_position_embeddings}): the model trains on positions it has not seen"
+            )
+    groups = parameter_groups(model, args)
+    optimizer = torch.optim.AdamW(groups, lr=args.learning_rate, betas=tuple(args.adam_betas))
     total_steps = args.total_steps(accelerator.num_processes)
     scheduler = get_cosine_with_min_lr_schedule_with_warmup(
         optimizer, min(args.warmup_steps, total_steps), total_steps, min_lr_rate=args.min_lr_rate
@@ -472,6 +751,9 @@ def train(args: TrainingArguments, resume: str | Path | None = None) -> dict:
         raise TrainingError(f"{checkpoint} is at step {step}, past this run's {total_steps} steps")
 
     parameters = sum(p.numel() for p in accelerator.unwrap_model(model).parameters())
+    trainable_parameters = sum(p.numel() for group in groups for p in group["params"])
+    if args.init_from or args.trainable != "all":
+        logger.info(f"training {trainable_parameters:,} of {parameters:,} parameters")
     log_path = out / "log.csv"
     if accelerator.is_main_process:
         _truncate_log(log_path, step)
@@ -520,7 +802,8 @@ def train(args: TrainingArguments, resume: str | Path | None = None) -> dict:
         row = {
             "step": step,
             "tokens": tokens,
-            "lr": f"{scheduler.get_last_lr()[0]:.6g}",
+            # the base rate (--lr, scheduled); the first group may be the gate rows at lr * gate_lr_scale
+            "lr": f"{scheduler.get_last_lr()[0] / optimizer.param_groups[0].get('lr_scale', 1.0):.6g}",
             "train_loss": f"{train_loss:.5f}",
             "tokens_per_s": f"{tokens_per_s:.1f}",
             "elapsed_s": f"{elapsed_before + now - start_time:.1f}",
@@ -537,11 +820,14 @@ def train(args: TrainingArguments, resume: str | Path | None = None) -> dict:
 
     elapsed = elapsed_before + time.perf_counter() - start_time
     _save_checkpoint(accelerator, out, args, tokenizer, step, tokens, elapsed)
+    merge_gate_rows(accelerator.unwrap_model(model))  # final/ holds the plain q_proj a checkpoint has
     final = _save_model(accelerator, model, tokenizer, out)
     summary = {
         "steps": step,
         "tokens": tokens,
         "parameters": parameters,
+        "trainable_parameters": trainable_parameters,
+        "init_from": args.init_from,
         "gate": config.gate_type,
         "elapsed_s": round(elapsed, 1),
         "final_train_loss": train_loss,
@@ -558,11 +844,16 @@ def train(args: TrainingArguments, resume: str | Path | None = None) -> dict:
 
 
 def _check_resume_matches(args: TrainingArguments, saved: dict) -> None:
-    """A resumed run must cut and order its data as the saved one did, or its losses mean nothing."""
-    for key in ("train_file", "seed", "seq_len", "batch_size", "gate", "config", "max_steps", "max_tokens"):
-        if saved.get(key) != getattr(args, key):
+    """A resumed run must cut and order its data as the saved one did, and start from the same model
+    with the same parameters training, or its losses mean nothing."""
+    keys = ("train_file", "seed", "seq_len", "batch_size", "gate", "config", "max_steps", "max_tokens")
+    keys += ("init_from", "init_from_subfolder", "init_from_revision", "gate_init", "trainable", "gate_lr_scale")
+    defaults = {field.name: field.default for field in dataclasses.fields(TrainingArguments)}
+    for key in keys:
+        used = saved.get(key, defaults[key])  # a key added since the run was saved had its default then
+        if used != getattr(args, key):
             raise TrainingError(
-                f"{key} is {getattr(args, key)!r} but the resumed run used {saved.get(key)!r}; pass the same value"
+                f"{key} is {getattr(args, key)!r} but the resumed run used {used!r}; pass the same value"
             )
 
 
@@ -579,14 +870,21 @@ def _truncate_log(log_path: Path, step: int) -> None:
 
 __all__ = [
     "PackedBatches",
+    "QueryAndGateRows",
     "TrainingArguments",
     "TrainingError",
+    "check_arguments",
     "evaluate",
     "heldout_rows",
     "latest_checkpoint",
+    "load_initial_model",
+    "merge_gate_rows",
     "pack_documents",
+    "parameter_groups",
     "plot_losses",
     "read_documents",
+    "read_init_config",
+    "separate_gate_rows",
     "train",
     "train_tokenizer",
     "unigram_perplexity",

@@ -1,4 +1,5 @@
-"""``gated-qwen train``: train a Qwen3Gated model from scratch on plain text (see :mod:`gated_qwen.training`)."""
+"""``gated-qwen train``: train a Qwen3Gated model on plain text, from scratch or continuing a checkpoint
+(see :mod:`gated_qwen.training`)."""
 
 from __future__ import annotations
 
@@ -6,25 +7,41 @@ import json
 
 
 def add_parser(subparsers) -> None:
-    from ..training import TrainingArguments
+    from ..conversion import INITS
+    from ..training import DEFAULT_VOCAB_SIZE, TRAINABLE, TrainingArguments
 
     defaults = TrainingArguments(train_file="", output_dir="")
     parser = subparsers.add_parser(
         "train",
-        help="train a small gated (or baseline) model from scratch",
-        description="Train a Qwen3Gated model from scratch: byte-level BPE tokenizer, AdamW with warmup and cosine "
+        help="train a gated (or baseline) model from scratch, or continue a Qwen3 / Qwen3Gated checkpoint",
+        description="Train a Qwen3Gated model from scratch (byte-level BPE tokenizer trained on the text), or continue "
+        "a checkpoint with --init-from, converting a model without a gate with --gate. AdamW with warmup and cosine "
         "decay, held-out loss every --eval-every steps, log.csv, loss.png, resumable checkpoints, the model in "
         "OUT/final. Runs on CPU, one GPU, or several under `accelerate launch`.",
     )
     data = parser.add_argument_group("data")
     data.add_argument("--train-file", required=True, help="training text: .jsonl with a \"text\" field per line, or .txt")
     data.add_argument("--heldout-file", help="held-out text, same formats; evaluated every --eval-every steps")
-    data.add_argument("--tokenizer", help="a tokenizer folder to use instead of training one")
-    data.add_argument("--vocab-size", type=int, default=defaults.vocab_size, help="BPE vocabulary to train (default %(default)s)")
+    data.add_argument("--tokenizer", help="from scratch: a tokenizer folder to use instead of training one")
+    data.add_argument("--vocab-size", type=int, help=f"from scratch: BPE vocabulary to train (default {DEFAULT_VOCAB_SIZE})")
     data.add_argument("--seq-len", type=int, default=defaults.seq_len, help="tokens per row (default %(default)s)")
     model = parser.add_argument_group("model")
-    model.add_argument("--config", help="a config.json for the architecture, e.g. configs/small_4M.json")
-    model.add_argument("--gate", choices=("none", "headwise", "elementwise"), help="the gate (overrides the config)")
+    model.add_argument("--config", help="from scratch: a config.json for the architecture, e.g. configs/small_4M.json")
+    model.add_argument("--gate", choices=("none", "headwise", "elementwise"),
+                       help="from scratch: the gate (overrides the config); with --init-from: convert a checkpoint "
+                       "without a gate to this one")
+    model.add_argument("--init-from", metavar="CHECKPOINT",
+                       help="continue this Qwen3 or Qwen3Gated checkpoint (folder or hub id) with its tokenizer, "
+                       "instead of training from scratch")
+    model.add_argument("--subfolder", default="", help="the --init-from checkpoint's subfolder (e.g. 1B_baseline)")
+    model.add_argument("--revision", help="the --init-from checkpoint's hub revision")
+    model.add_argument("--init", choices=INITS,
+                       help="how --gate converts the --init-from checkpoint: identity (zero gate rows, the same "
+                       "outputs; the default) or random")
+    model.add_argument("--trainable", choices=TRAINABLE, default=defaults.trainable,
+                       help="all parameters, or only the gate rows of q_proj and their bias (default %(default)s)")
+    model.add_argument("--gate-lr-scale", type=float, default=defaults.gate_lr_scale, metavar="X",
+                       help="learning rate of the gate rows: --lr times X (default %(default)s)")
     optim = parser.add_argument_group("optimisation")
     optim.add_argument("--batch-size", type=int, default=defaults.batch_size, help="rows per step per process (default %(default)s)")
     budget = optim.add_mutually_exclusive_group(required=True)
@@ -82,6 +99,12 @@ def run_train(args) -> int:
         threads=args.threads,
         overwrite=args.overwrite,
         progress=not args.no_progress,
+        init_from=args.init_from,
+        init_from_subfolder=args.subfolder,
+        init_from_revision=args.revision,
+        gate_init=args.init,
+        trainable=args.trainable,
+        gate_lr_scale=args.gate_lr_scale,
     )
     summary = train(training_args, resume=args.resume)
     print(json.dumps(summary, indent=2))
