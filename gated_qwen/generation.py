@@ -66,10 +66,16 @@ def local_checkpoint_folder(model: str, subfolder: str = "") -> Path | None:
     return folder
 
 
-def load_tokenizer(source: str, subfolder: str = "", revision: str | None = None):
+def load_tokenizer(
+    source: str,
+    subfolder: str = "",
+    revision: str | None = None,
+    elsewhere: str | None = "gated-qwen generate --tokenizer PATH_OR_HUB_ID",
+):
     """The tokenizer of a checkpoint folder or hub id, left-padded for batched generation.
 
-    Raises :class:`GatedQwenError` naming the missing files when ``source`` has no tokenizer.
+    Raises :class:`GatedQwenError` naming the missing files when ``source`` has no tokenizer; its
+    advice names ``elsewhere``, the way to take a tokenizer from another place, where there is one.
 
     >>> tokenizer = load_tokenizer("QwQZh/gated_attention", subfolder="1B_gate_headwise")  # doctest: +SKIP
     """
@@ -87,8 +93,8 @@ def load_tokenizer(source: str, subfolder: str = "", revision: str | None = None
             where += " (on the hub or in the local cache: check the id and the network)"
         wanted = ", or ".join(" and ".join(names) for names in TOKENIZER_FILE_SETS)
         raise GatedQwenError(
-            f"{where} has no tokenizer files: it needs {wanted}. Copy the tokenizer files of the model into it, "
-            "or load the tokenizer from elsewhere (gated-qwen generate --tokenizer PATH_OR_HUB_ID)"
+            f"{where} has no tokenizer files: it needs {wanted}. Copy the tokenizer files of the model into it"
+            + (f", or load the tokenizer from elsewhere ({elsewhere})" if elsewhere else "")
         )
     tokenizer = AutoTokenizer.from_pretrained(
         source, subfolder=subfolder, revision=revision, trust_remote_code=False, padding_side="left"

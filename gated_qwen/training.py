@@ -681,7 +681,8 @@ def train(args: TrainingArguments, resume: str | Path | None = None) -> dict:
     if args.init_from:
         read_init_config(args)  # the options against the checkpoint's config, before any weight is read
         if checkpoint is None:  # a resumed run takes the tokenizer saved with its checkpoint, as always
-            initial_tokenizer = load_tokenizer(args.init_from, args.init_from_subfolder, args.init_from_revision)
+            # --init-from keeps the model's own tokenizer: there is no "elsewhere" to point to
+            initial_tokenizer = load_tokenizer(args.init_from, args.init_from_subfolder, args.init_from_revision, elsewhere=None)
         initial_model = load_initial_model(args)
         if initial_tokenizer is not None and len(initial_tokenizer) > initial_model.config.vocab_size:
             raise TrainingError(

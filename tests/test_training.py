@@ -1,27 +1,34 @@
-"""Training: loss goes down, resume equals an uninterrupted run, data order, errors; the shipped models."""
+"""Training: loss goes down, resume equals an uninterrupted run, data order, errors; the shipped models;
+continuing a checkpoint (--init-from), with only the gate rows trainable or at their own learning rate."""
 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 import torch
 
-from gated_qwen import Qwen3GatedForCausalLM
+from gated_qwen import Qwen3GatedForCausalLM, convert_checkpoint, convert_qwen3_to_gated
 from gated_qwen.cli import main
 from gated_qwen.default_models import default_model_path
+from gated_qwen.layout import split_query_and_gate
 from gated_qwen.training import (
     PackedBatches,
     TrainingArguments,
     TrainingError,
     evaluate,
+    heldout_rows,
+    load_initial_model,
+    pack_documents,
+    read_documents,
     train,
     unigram_perplexity,
 )
 
-from conftest import TOKENIZER_TEXT
+from conftest import TOKENIZER_TEXT, write_tiny_tokenizer
 
 TINY_CONFIG = str(Path(__file__).parents[1] / "configs" / "tiny_headwise.json")
 
@@ -141,3 +148,196 @@ def test_the_default_model_is_the_headwise_arm_and_the_pair_is_small():
     assert default_model_path() == default_model_path("headwise")
     shipped = [p for arm in ("headwise", "baseline") for p in default_model_path(arm).iterdir()]
     assert sum(p.stat().st_size for p in shipped) < 30 * 2**20
+
+
+# ----------------------------------------------------------------------------------------------
+# Continuing a checkpoint: --init-from, --gate/--init conversion, --trainable, --gate-lr-scale
+
+
+def write_stock_checkpoint(folder: Path, attention_bias: bool = False, tokenizer: bool = True, seed: int = 0) -> Path:
+    """A stock transformers Qwen3ForCausalLM saved with save_pretrained, with the tiny tokenizer beside it."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen3Config(
+        vocab_size=320, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, max_position_embeddings=64, attention_bias=attention_bias,
+        tie_word_embeddings=False,
+    )
+    Qwen3ForCausalLM(config).save_pretrained(folder)
+    if tokenizer:
+        write_tiny_tokenizer(folder)
+    return folder
+
+
+def continue_args(corpus: Path, out: Path, source: Path, **overrides) -> TrainingArguments:
+    """tiny_args for continuing ``source``: its architecture and tokenizer, not a config or a trained BPE."""
+    return tiny_args(corpus, out, **{"config": None, "gate": None, "vocab_size": None, "init_from": str(source), **overrides})
+
+
+def load(folder: Path) -> Qwen3GatedForCausalLM:
+    return Qwen3GatedForCausalLM.from_pretrained(folder, dtype=torch.float32)
+
+
+def split_rows(model, tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(query rows, gate rows) of a q_proj weight or bias of ``model``."""
+    config = model.config
+    gate_dim = {"headwise": 1, "elementwise": config.head_dim}[config.gate_type]
+    return split_query_and_gate(tensor, config.num_key_value_heads, config.head_dim, gate_dim, dim=0)
+
+
+def test_init_from_starts_exactly_at_the_sources_loss(corpus, tmp_path):
+    stock = write_stock_checkpoint(tmp_path / "stock")
+    convert_checkpoint(stock, tmp_path / "converted", gate="headwise", progress=False)
+    runs = {
+        "stock": continue_args(corpus, tmp_path / "stock_run", stock, max_steps=2),
+        "converted on the fly": continue_args(corpus, tmp_path / "fly_run", stock, max_steps=2, gate="headwise"),
+        "converted on disk": continue_args(corpus, tmp_path / "disk_run", tmp_path / "converted", max_steps=2),
+    }
+    for args in runs.values():
+        train(args)
+
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(stock)
+    rows = heldout_rows(pack_documents(read_documents(corpus), tokenizer), 32, 8)
+    source_loss = evaluate(load(stock), rows)["loss"]
+    # the model the trainer starts from, converted on the fly, scores exactly what its source does
+    assert evaluate(load_initial_model(runs["converted on the fly"]), rows)["loss"] == source_loss
+    logs = {name: read_log(Path(args.output_dir)) for name, args in runs.items()}
+    for name, log in logs.items():
+        assert log[0]["step"] == "0" and log[0]["heldout_loss"] == f"{source_loss:.5f}", name
+        # step 1's train loss is the starting model's, on the same first batch in every run
+        assert log[1]["train_loss"] == logs["stock"][1]["train_loss"], name
+        final = Path(runs[name].output_dir) / "final"
+        assert load(final).config.gate_type == ("none" if name == "stock" else "headwise")
+        # the checkpoint's tokenizer is kept, not a new one trained on the text
+        assert AutoTokenizer.from_pretrained(final).get_vocab() == tokenizer.get_vocab(), name
+
+
+@pytest.mark.parametrize("source_kind", ["released gated arm", "stock converted on the fly"])
+def test_trainable_gate_changes_the_gate_rows_and_nothing_else(corpus, tmp_path, released_checkpoint, source_kind):
+    if source_kind == "released gated arm":
+        source, _ = released_checkpoint(gate="headwise", qkv_bias=True, vocab_size=320)
+        write_tiny_tokenizer(source)
+        start = load(source)
+        args = continue_args(corpus, tmp_path / "run", source, trainable="gate")
+    else:
+        source = write_stock_checkpoint(tmp_path / "stock", attention_bias=True)
+        start = convert_qwen3_to_gated(load(source), gate="headwise")
+        args = continue_args(corpus, tmp_path / "run", source, trainable="gate", gate="headwise")
+    before = {name: tensor.clone() for name, tensor in start.state_dict().items()}
+    # weight decay and several steps: a frozen value that an optimizer held would move
+    summary = train(dataclasses.replace(args, max_steps=4, weight_decay=0.1, learning_rate=1e-2))
+    after = load(Path(args.output_dir) / "final")
+    assert summary["trainable_parameters"] == 2 * (4 * 32 + 4)  # 2 layers x 4 heads x (32 inputs + bias)
+
+    changed = 0
+    assert after.state_dict().keys() == before.keys()
+    for name, tensor in after.state_dict().items():
+        if ".self_attn.q_proj." in name:
+            query_before, gate_before = split_rows(after, before[name])
+            query_after, gate_after = split_rows(after, tensor)
+            assert torch.equal(query_after, query_before), name
+            assert not torch.equal(gate_after, gate_before), name
+            changed += 1
+        else:
+            assert torch.equal(tensor, before[name]), name
+    assert changed == 4  # weight and bias of both layers
+
+
+def test_gate_lr_scale_scales_the_gate_rows_update_only(corpus, tmp_path, released_checkpoint):
+    source, _ = released_checkpoint(gate="headwise", qkv_bias=True, vocab_size=320)
+    write_tiny_tokenizer(source)
+    before = load(source).state_dict()
+    finals, logged_lr = {}, set()
+    for scale in (1.0, 8.0):
+        args = continue_args(corpus, tmp_path / f"scale{scale}", source, max_steps=1, warmup_steps=0, gate_lr_scale=scale)
+        train(args)
+        finals[scale] = load(Path(args.output_dir) / "final").state_dict()
+        logged_lr.add(read_log(Path(args.output_dir))[1]["lr"])
+    assert len(logged_lr) == 1  # the log shows the base rate, whatever the gate rows' scale
+    model = load(source)
+    for name, tensor in before.items():
+        if ".self_attn.q_proj." not in name:
+            assert torch.equal(finals[1.0][name], finals[8.0][name]), name
+            continue
+        (query, gate), (query_1, gate_1), (query_8, gate_8) = (split_rows(model, t) for t in (tensor, finals[1.0][name], finals[8.0][name]))
+        assert torch.equal(query_1, query_8), name
+        # AdamW's step (its Adam part and its decay) is linear in the learning rate
+        assert not torch.equal(gate_1, gate)
+        torch.testing.assert_close(gate_8 - gate, 8 * (gate_1 - gate), rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.parametrize(
+    "options", [dict(gate="headwise", gate_init="random"), dict(gate="headwise", trainable="gate", gate_lr_scale=5.0)]
+)
+def test_resume_with_init_from_equals_an_uninterrupted_run(corpus, tmp_path, options):
+    stock = write_stock_checkpoint(tmp_path / "stock")
+    whole = continue_args(corpus, tmp_path / "whole", stock, max_steps=6, save_every=3, **options)
+    train(whole)
+    train(dataclasses.replace(whole, output_dir=str(tmp_path / "resumed")), resume=tmp_path / "whole" / "checkpoint-3")
+    logs = read_log(tmp_path / "whole"), read_log(tmp_path / "resumed")
+    assert [row["step"] for row in logs[1]] == ["4", "5", "6"]
+    assert [row["train_loss"] for row in logs[1]] == [row["train_loss"] for row in logs[0][-3:]]
+    finals = [load(tmp_path / run / "final").state_dict() for run in ("whole", "resumed")]
+    assert all(torch.equal(finals[0][name], finals[1][name]) for name in finals[0])
+
+
+def test_a_random_gate_init_is_drawn_again_from_the_seed(tmp_path):
+    stock = write_stock_checkpoint(tmp_path / "stock")
+    args = TrainingArguments(train_file="unused", output_dir="unused", max_steps=1, init_from=str(stock), gate="headwise", gate_init="random")
+    q_proj = "model.layers.0.self_attn.q_proj.weight"
+    first, again = (load_initial_model(args).state_dict()[q_proj] for _ in range(2))
+    other = load_initial_model(dataclasses.replace(args, seed=1)).state_dict()[q_proj]
+    assert torch.equal(first, again) and not torch.equal(first, other)
+
+
+def test_resume_refuses_a_different_trainable(corpus, tmp_path):
+    stock = write_stock_checkpoint(tmp_path / "stock")
+    train(continue_args(corpus, tmp_path / "run", stock, max_steps=1, gate="headwise"))
+    with pytest.raises(TrainingError, match="trainable"):
+        train(continue_args(corpus, tmp_path / "other", stock, max_steps=1, gate="headwise", trainable="gate"), resume=tmp_path / "run")
+
+
+BAD_COMBINATIONS = {
+    "--gate on a gated checkpoint": (["--init-from", "{gated}", "--gate", "headwise"], "already has a headwise gate"),
+    "--gate none with --init-from": (["--init-from", "{stock}", "--gate", "none"], "'none' converts nothing"),
+    "--trainable gate without a gate": (["--init-from", "{stock}", "--trainable", "gate"], "has no gate, so --trainable gate would train nothing"),
+    "--gate-lr-scale without a gate": (["--init-from", "{stock}", "--gate-lr-scale", "4"], "has no gate, so --gate-lr-scale"),
+    "--gate-lr-scale from scratch without a gate": (["--gate", "none", "--gate-lr-scale", "4"], "the model has no gate"),
+    "--gate-lr-scale not positive": (["--init-from", "{gated}", "--gate-lr-scale", "0"], "--gate-lr-scale must be a positive number"),
+    "--init without --gate": (["--init-from", "{stock}", "--init", "random"], "--init says how --gate converts"),
+    "--init without --init-from": (["--gate", "headwise", "--init", "identity"], "--init says how --gate converts"),
+    "--config with --init-from": (["--init-from", "{stock}", "--config", TINY_CONFIG], "--config does not apply with --init-from"),
+    "--vocab-size with --init-from": (["--init-from", "{stock}", "--vocab-size", "300"], "--vocab-size does not apply with --init-from"),
+    "--tokenizer with --init-from": (["--init-from", "{stock}", "--tokenizer", "{stock}"], "--tokenizer does not apply with --init-from"),
+    "--trainable gate from scratch": (["--trainable", "gate"], "--trainable gate trains only the gate of a pretrained model"),
+    "--subfolder without --init-from": (["--subfolder", "arm"], "--subfolder applies to the --init-from checkpoint"),
+    "a missing checkpoint": (["--init-from", "{missing}"], "does not exist"),
+    "a checkpoint without a tokenizer": (["--init-from", "{bare}"], "has no tokenizer files"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_COMBINATIONS))
+def test_cli_refuses_a_bad_combination_in_one_line(corpus, tmp_path, released_checkpoint, capsys, case):
+    gated, _ = released_checkpoint(gate="headwise", vocab_size=320)
+    write_tiny_tokenizer(gated)
+    folders = {
+        "gated": gated,
+        "stock": write_stock_checkpoint(tmp_path / "stock"),
+        "bare": write_stock_checkpoint(tmp_path / "bare", tokenizer=False),
+        "missing": tmp_path / "missing",
+    }
+    capsys.readouterr()  # the fixtures' own output
+    extra, fragment = BAD_COMBINATIONS[case]
+    out = tmp_path / "out"
+    argv = ["train", "--train-file", str(corpus), "--out", str(out), "--max-steps", "1", "--threads", "1"]
+    status = main(argv + [arg.format(**{k: str(v) for k, v in folders.items()}) for arg in extra])
+    captured = capsys.readouterr()
+    assert status == 2
+    assert "Traceback" not in captured.err and not captured.out
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gated-qwen train: error:"), captured.err
+    assert fragment in lines[0], lines[0]
+    assert not out.exists()  # refused before anything was written
