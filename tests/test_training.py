@@ -28,7 +28,7 @@ from gated_qwen.training import (
     unigram_perplexity,
 )
 
-from conftest import TOKENIZER_TEXT, write_tiny_tokenizer
+from conftest import TOKENIZER_TEXT, write_released_checkpoint, write_tiny_tokenizer
 
 TINY_CONFIG = str(Path(__file__).parents[1] / "configs" / "tiny_headwise.json")
 
@@ -319,21 +319,27 @@ BAD_COMBINATIONS = {
 }
 
 
-@pytest.mark.parametrize("case", list(BAD_COMBINATIONS))
-def test_cli_refuses_a_bad_combination_in_one_line(corpus, tmp_path, released_checkpoint, capsys, case):
-    gated, _ = released_checkpoint(gate="headwise", vocab_size=320)
-    write_tiny_tokenizer(gated)
-    folders = {
-        "gated": gated,
-        "stock": write_stock_checkpoint(tmp_path / "stock"),
-        "bare": write_stock_checkpoint(tmp_path / "bare", tokenizer=False),
-        "missing": tmp_path / "missing",
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    """A released gated arm, a stock Qwen3, one without tokenizer files, and a path that does not exist."""
+    folder = tmp_path_factory.mktemp("checkpoints")
+    write_released_checkpoint(folder / "gated", gate="headwise", vocab_size=320)
+    write_tiny_tokenizer(folder / "gated")
+    return {
+        "gated": folder / "gated",
+        "stock": write_stock_checkpoint(folder / "stock"),
+        "bare": write_stock_checkpoint(folder / "bare", tokenizer=False),
+        "missing": folder / "missing",
     }
-    capsys.readouterr()  # the fixtures' own output
+
+
+@pytest.mark.parametrize("case", list(BAD_COMBINATIONS))
+def test_cli_refuses_a_bad_combination_in_one_line(corpus, tmp_path, checkpoints, capsys, case):
+    capsys.readouterr()  # the fixture's own output
     extra, fragment = BAD_COMBINATIONS[case]
     out = tmp_path / "out"
     argv = ["train", "--train-file", str(corpus), "--out", str(out), "--max-steps", "1", "--threads", "1"]
-    status = main(argv + [arg.format(**{k: str(v) for k, v in folders.items()}) for arg in extra])
+    status = main(argv + [arg.format(**{k: str(v) for k, v in checkpoints.items()}) for arg in extra])
     captured = capsys.readouterr()
     assert status == 2
     assert "Traceback" not in captured.err and not captured.out
