@@ -24,7 +24,8 @@ layer. The loss spike is read off each run's ``log.csv`` (see ``spike_measures``
     python scripts/continue_training_experiment.py --out runs/continue --report-only   # re-measure finished runs
 
 Writes ``results.json`` (every number) and ``results.md`` (the table) into ``--results-dir``; an arm whose
-run folder already holds ``final/`` and ``summary.json`` is measured, not trained again.
+run folder already holds ``final/`` and ``summary.json`` is measured, not trained again (its wall time is
+read from ``OUT/ARM.wall_s``, written when it was trained).
 """
 
 from __future__ import annotations
@@ -74,9 +75,11 @@ def run_arm(arm: str, args) -> dict:
     """Train one arm in its own process (skipped when its run is complete); returns command and wall time."""
     folder = Path(args.out) / arm
     command = train_command(arm, args)
+    wall_file = Path(args.out) / f"{arm}.wall_s"  # beside the run: `train --overwrite` would replace it inside
     if (folder / "final").is_dir() and (folder / "summary.json").is_file():
         print(f"[{arm}] already trained in {folder}; measuring it", flush=True)
-        return {"command": shlex.join(command), "wall_s": None}
+        wall = float(wall_file.read_text()) if wall_file.is_file() else None
+        return {"command": shlex.join(command), "wall_s": wall}
     if folder.exists():
         command += ["--overwrite"]  # an interrupted run of this arm: start it again
     print(f"[{arm}] {shlex.join(command)}", flush=True)
@@ -85,6 +88,7 @@ def run_arm(arm: str, args) -> dict:
         subprocess.run([sys.executable, "-m", "gated_qwen", *command[1:]], check=True, stdout=subprocess.DEVNULL,
                        stderr=stderr, cwd=ROOT)
     wall = time.perf_counter() - start
+    wall_file.write_text(f"{wall:.1f}\n")
     print(f"[{arm}] done in {wall / 60:.1f} min", flush=True)
     return {"command": shlex.join(command), "wall_s": round(wall, 1)}
 
