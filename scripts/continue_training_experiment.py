@@ -72,12 +72,13 @@ def train_command(arm: str, args) -> list[str]:
 
 
 def run_arm(arm: str, args) -> dict:
-    """Train one arm in its own process (skipped when its run is complete); returns command and wall time."""
+    """Train one arm in its own process (not when its run is complete, nor with ``--report-only``);
+    returns the command and the wall time it took."""
     folder = Path(args.out) / arm
     command = train_command(arm, args)
     wall_file = Path(args.out) / f"{arm}.wall_s"  # beside the run: `train --overwrite` would replace it inside
-    if (folder / "final").is_dir() and (folder / "summary.json").is_file():
-        print(f"[{arm}] already trained in {folder}; measuring it", flush=True)
+    if args.report_only or ((folder / "final").is_dir() and (folder / "summary.json").is_file()):
+        print(f"[{arm}] measuring the run in {folder}", flush=True)
         wall = float(wall_file.read_text()) if wall_file.is_file() else None
         return {"command": shlex.join(command), "wall_s": wall}
     if folder.exists():
@@ -114,6 +115,12 @@ def spike_measures(log: list[dict], reference: list[dict] | None, steps: int = S
         out["excess_step"] = (sorted(t for t in losses if t <= steps and t in ref)[paired.index(max(paired))]
                               if paired else None)
         out["mean_difference_over_reference"] = sum(paired) / len(paired) if paired else None
+        everywhere = {t: losses[t] - ref[t] for t in losses if t in ref}
+        out["mean_difference_by_steps"] = {
+            f"{first}-{last}": sum(d for t, d in everywhere.items() if first <= t <= last) / n
+            for first, last in ((1, 10), (11, 50), (51, max(everywhere, default=0)))
+            if (n := sum(1 for t in everywhere if first <= t <= last))
+        }
     return out
 
 
@@ -176,10 +183,7 @@ def main() -> None:
     load_before = os.getloadavg()
     runs = {}
     for arm in args.arms:
-        if args.report_only:
-            runs[arm] = {"command": shlex.join(train_command(arm, args)), "wall_s": None}
-        else:
-            runs[arm] = run_arm(arm, args)
+        runs[arm] = run_arm(arm, args)
 
     from gated_qwen import Qwen3GatedForCausalLM
     from gated_qwen.generation import load_tokenizer
@@ -238,6 +242,11 @@ def markdown_table(report: dict) -> str:
     def f(value, digits=3):
         return "-" if value is None else f"{value:.{digits}f}"
 
+    def excess(spike):
+        if spike.get("excess_over_reference") is None:
+            return "-"
+        return " / ".join([f(spike["excess_over_reference"]), *(f"{v:+.3f}" for v in spike["mean_difference_by_steps"].values())])
+
     lines = [
         f"Continued training of `{report['pretrained']}` for {report['settings']['max_tokens']:,} tokens "
         f"(lr {report['settings']['lr']:g}, warmup {report['settings']['warmup_steps']}, seed {report['settings']['seed']}); "
@@ -245,7 +254,8 @@ def markdown_table(report: dict) -> str:
         f"{report['settings']['spike_steps']} steps.",
         "",
         "| arm | flags | trained parameters | held-out loss before | after | change | step-1 train loss "
-        "| largest rise over running min | largest excess over baseline (same rows) | gate mean before / after "
+        "| largest rise over running min | train loss - baseline's on the same rows: largest (steps 1-50) "
+        "/ mean 1-10 / 11-50 / 51-end | gate mean before / after "
         "| gates < 0.5 after | mean \\|gate - 0.5\\| after | wall time |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -256,7 +266,7 @@ def markdown_table(report: dict) -> str:
         lines.append(
             f"| {arm} | `{r['flags'] or '(none)'}` | {r['trainable_parameters']:,} | {f(before['heldout']['loss'], 4)} "
             f"| {f(after['heldout']['loss'], 4)} | {after['heldout']['loss'] - before['heldout']['loss']:+.4f} "
-            f"| {f(spike['first_step'])} | {f(spike['rise_over_running_min'])} | {f(spike.get('excess_over_reference'))} "
+            f"| {f(spike['first_step'])} | {f(spike['rise_over_running_min'])} | {excess(spike)} "
             f"| {f(gates_before and gates_before['mean'])} / {f(gates_after and gates_after['mean'])} "
             f"| {f(gates_after and gates_after['below_0.5'])} | {f(gates_after and gates_after['movement_from_0.5'])} "
             f"| {wall / 60:.1f} min |"
