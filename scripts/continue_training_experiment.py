@@ -11,7 +11,9 @@ docstrings), continued for the same token budget on the same (held-in) training 
   parameters trained;
 * ``identity-gate-only``: the same conversion, only the gate rows of q_proj trained (``--trainable gate``);
 * ``random``: converted with randomly drawn gate rows (``--init random``), all parameters trained;
-* ``identity-gate-lr10`` (not run unless asked, ``--arms``): as ``identity`` with ``--gate-lr-scale 10``.
+* ``identity-gate-lr10`` (not run unless asked, ``--arms``): as ``identity`` with ``--gate-lr-scale 10``;
+* ``baseline-seed2`` (not run unless asked): ``baseline`` with seed 2, so other rows in another order: how
+  much the held-out loss of one run moves with the data order alone.
 
 Every arm runs ``gated-qwen train`` in its own process, one after the other, with the same seed, so
 step N of every arm trains on the same rows. Then each final model (and each starting model) is
@@ -53,7 +55,9 @@ ARMS = {
     "identity-gate-only": ["--gate", "headwise", "--init", "identity", "--trainable", "gate"],
     "random": ["--gate", "headwise", "--init", "random"],
     "identity-gate-lr10": ["--gate", "headwise", "--init", "identity", "--gate-lr-scale", "10"],
+    "baseline-seed2": [],  # the baseline again with another data order (SEEDS): how far one seed's result moves
 }
+SEEDS = {"baseline-seed2": 2}  # arms with a seed of their own (no other arm saw their rows, so no paired comparison)
 DEFAULT_ARMS = ("baseline", "identity", "identity-gate-only", "random")
 SPIKE_STEPS = 50  # the spike measures look at the first SPIKE_STEPS optimizer steps
 
@@ -66,7 +70,7 @@ def train_command(arm: str, args) -> list[str]:
         "--train-file", f"{args.data}/train.jsonl", "--heldout-file", f"{args.data}/heldout.jsonl",
         "--seq-len", "256", "--batch-size", "16", "--max-tokens", str(args.max_tokens),
         "--lr", str(args.lr), "--warmup-steps", str(args.warmup_steps), "--min-lr-rate", "0.1",
-        "--weight-decay", "0.1", "--eval-every", "25", "--eval-rows", "64", "--seed", str(args.seed),
+        "--weight-decay", "0.1", "--eval-every", "25", "--eval-rows", "64", "--seed", str(SEEDS.get(arm, args.seed)),
         "--threads", str(args.threads), "--no-progress", "--out", str(Path(args.out) / arm),
     ]
 
@@ -203,7 +207,7 @@ def main() -> None:
         log = read_log(folder)
         results[arm] = {
             **runs[arm],
-            "flags": shlex.join(ARMS[arm]),
+            "flags": shlex.join(ARMS[arm] + (["--seed", str(SEEDS[arm])] if arm in SEEDS else [])),
             "steps": summary["steps"],
             "tokens": summary["tokens"],
             "parameters": summary["parameters"],
@@ -211,7 +215,7 @@ def main() -> None:
             "train_elapsed_s": summary["elapsed_s"],
             "before": measure(start_model, rows),
             "after": measure(final_model, rows),
-            "spike": spike_measures(log, None if arm == "baseline" else reference),
+            "spike": spike_measures(log, None if arm == "baseline" or arm in SEEDS else reference),
             "heldout_curve": [(int(r["step"]), float(r["heldout_loss"])) for r in log if r["heldout_loss"]],
         }
         print(f"[{arm}] held-out {results[arm]['before']['heldout']['loss']:.4f} -> "
