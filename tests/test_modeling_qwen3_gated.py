@@ -279,3 +279,102 @@ def test_tensor_parallel_plan_shards_q_proj_with_its_gate_rows():
     for rank, shard in enumerate(weight.chunk(2, dim=0)):
         local_query, local_gate = split_query_and_gate(shard, 1, 8, 1, dim=0)
         assert torch.equal(local_query, query[rank : rank + 1]) and torch.equal(local_gate, gate[rank : rank + 1])
+
+
+# Loading follows transformers' conventions for task heads, explicit state dicts and ignore_mismatched_sizes,
+# and stays strict where a mismatch means the config does not describe the weights.
+
+
+def test_causal_lm_lists_generation_mixin_among_its_direct_bases():
+    from transformers import GenerationMixin
+
+    assert GenerationMixin in Qwen3GatedForCausalLM.__bases__
+    assert Qwen3GatedForCausalLM.can_generate()
+
+
+def test_a_bare_model_checkpoint_loads_into_the_causal_lm_with_a_fresh_head(tmp_path):
+    from gated_qwen import Qwen3GatedModel
+
+    bare = Qwen3GatedModel(tiny_config(gate="headwise"))
+    bare.save_pretrained(tmp_path)
+    model, info = Qwen3GatedForCausalLM.from_pretrained(tmp_path, output_loading_info=True)
+    assert set(info["missing_keys"]) == {"lm_head.weight"}
+    assert torch.equal(model.model.layers[1].self_attn.q_proj.weight, bare.layers[1].self_attn.q_proj.weight)
+
+
+def test_a_causal_lm_checkpoint_without_its_head_is_refused(tmp_path):
+    write_released_checkpoint(tmp_path, tie_word_embeddings=True)  # no lm_head.weight in the file
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["tie_word_embeddings"] = False
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=r"lacks weights the model needs: lm_head\.weight"):
+        load(tmp_path)
+
+
+def test_an_explicit_state_dict_is_loaded_as_transformers_does():
+    config = tiny_config(gate="elementwise")
+    model, info = Qwen3GatedForCausalLM.from_pretrained(None, config=config, state_dict={}, output_loading_info=True)
+    assert set(info["missing_keys"]) == set(model.state_dict())  # everything initialised, and reported
+    source = Qwen3GatedForCausalLM(config)
+    partial = {k: v for k, v in source.state_dict().items() if ".layers.1." not in k}
+    model, info = Qwen3GatedForCausalLM.from_pretrained(None, config=config, state_dict=partial, output_loading_info=True)
+    assert info["missing_keys"] and all(".layers.1." in key for key in info["missing_keys"])
+    assert torch.equal(model.model.layers[0].self_attn.q_proj.weight, source.model.layers[0].self_attn.q_proj.weight)
+
+
+def test_a_checkpoint_of_none_of_the_model_weights_is_reported_not_refused(tmp_path):
+    from safetensors.torch import save_file
+
+    Qwen3GatedForCausalLM(tiny_config()).save_pretrained(tmp_path)
+    save_file({"tensor": torch.tensor([1, 2])}, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    model, info = Qwen3GatedForCausalLM.from_pretrained(tmp_path, output_loading_info=True)
+    assert set(info["unexpected_keys"]) == {"tensor"}
+    assert set(info["missing_keys"]) == set(model.state_dict())
+
+
+def test_a_released_arm_missing_part_of_its_decoder_is_refused(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    write_released_checkpoint(tmp_path, gate="headwise")
+    tensors = load_file(tmp_path / "model.safetensors")
+    del tensors["model.layers.1.mlp.down_proj.weight"], tensors["model.layers.1.input_layernorm.weight"]
+    save_file(tensors, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(CheckpointError, match=r"lacks weights the model needs: model\.layers\.1\.input_layernorm"):
+        load(tmp_path)
+
+
+def test_task_heads_follow_transformers(tmp_path):
+    from gated_qwen import Qwen3GatedModel
+
+    config = tiny_config(gate="headwise")
+    config.pad_token_id = 0
+    Qwen3GatedForSequenceClassification(config).save_pretrained(tmp_path / "classifier")
+    # a classifier checkpoint into the bare model: the score head is dropped and reported
+    bare, info = Qwen3GatedModel.from_pretrained(tmp_path / "classifier", output_loading_info=True)
+    assert set(info["unexpected_keys"]) == {"score.weight"} and not info["missing_keys"]
+    # ... into a classifier with another number of labels: an error, unless ignore_mismatched_sizes
+    with pytest.raises(RuntimeError, match="ignore_mismatched_sizes"):
+        Qwen3GatedForSequenceClassification.from_pretrained(tmp_path / "classifier", num_labels=5)
+    resized, info = Qwen3GatedForSequenceClassification.from_pretrained(
+        tmp_path / "classifier", num_labels=5, ignore_mismatched_sizes=True, output_loading_info=True
+    )
+    assert resized.score.weight.shape == (5, 32)
+    assert [key for key, *_ in info["mismatched_keys"]] == ["score.weight"]
+
+
+def test_ignore_mismatched_sizes_does_not_reinitialise_gate_rows(tmp_path):
+    write_released_checkpoint(tmp_path, gate="headwise")
+    with pytest.raises(CheckpointError, match="q_proj"):
+        load(tmp_path, headwise_attn_output_gate=False, elementwise_attn_output_gate=True, ignore_mismatched_sizes=True)
+
+
+def test_strict_false_loads_as_transformers_does(tmp_path):
+    write_released_checkpoint(tmp_path, qkv_bias=True)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["qkv_bias"] = False
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match="strict=False"):
+        load(tmp_path)
+    model, info = Qwen3GatedForCausalLM.from_pretrained(tmp_path, strict=False, output_loading_info=True)
+    assert "model.layers.0.self_attn.q_proj.bias" in info["unexpected_keys"]
+    assert model.model.layers[0].self_attn.q_proj.bias is None
