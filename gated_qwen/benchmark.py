@@ -39,49 +39,19 @@ from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 from transformers.generation.streamers import BaseStreamer
 from transformers.utils import logging as hf_logging
 
+from .benchmark_options import DTYPES, SIZES, BenchmarkOptions
 from .configuration_qwen3_gated import Qwen3GatedConfig
 from .errors import GatedQwenError
 from .modeling_qwen3_gated import Qwen3GatedForCausalLM
+from .names import GATE_TYPES
 
-# Architectures by name. "100m" keeps the released arms' proportions (head_dim 128, two query heads
-# per kv head, H*D = hidden, MLP 3x hidden) at about 108M parameters with a 32k vocabulary; "1b" is the
-# released architecture itself (shared/RELEASED_FORMAT.md); "tiny" is for tests.
-SIZES = {
-    "tiny": dict(vocab_size=256, hidden_size=64, intermediate_size=192, num_hidden_layers=2,
-                 num_attention_heads=4, num_key_value_heads=2, head_dim=16),
-    "100m": dict(vocab_size=32000, hidden_size=1024, intermediate_size=3072, num_hidden_layers=6,
-                 num_attention_heads=8, num_key_value_heads=4, head_dim=128),
-    "1b": dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=28,
-               num_attention_heads=16, num_key_value_heads=8, head_dim=128),
-}
 STOCK_ARM = "qwen3"  # transformers' Qwen3ForCausalLM
-GATES = ("none", "headwise", "elementwise")
+GATES = GATE_TYPES
 ARMS = (STOCK_ARM, *GATES)
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+TORCH_DTYPES = {name: getattr(torch, name) for name in DTYPES}
 TARGET_SLACK = 0.02  # the issue's "within 2%"
 CONVERSION_TIME_TARGET = 2.0  # conversion within 2x the time of copying the files
 RSS_ALLOWANCE = 300 * 2**20  # peak RSS under twice the largest tensor plus 300 MB
-
-
-@dataclass
-class BenchmarkOptions:
-    """What to measure. ``size`` names an entry of :data:`SIZES`; ``overrides`` change single config keys."""
-
-    size: str = "100m"
-    overrides: dict = field(default_factory=dict)
-    batch_sizes: tuple[int, ...] = (1, 8)
-    prompt_length: int = 512
-    new_tokens: int = 64
-    repeats: int = 11  # measured rounds, after one warm-up round
-    dtype: str = "float32"
-    device: str = "cpu"
-    attn_implementation: str = "sdpa"
-    threads: int | None = None  # torch intra-op threads; None keeps torch's choice
-    models: bool = True
-    loading: bool = True
-    conversion: bool = True
-    scratch_dir: str | None = None  # where checkpoints are written; a temporary folder by default
-    seed: int = 0
 
 
 # ----------------------------------------------------------------------------------------------
@@ -143,9 +113,9 @@ def layer_parameter_count(model: torch.nn.Module) -> int:
 
 
 def _dtype(name: str) -> torch.dtype:
-    if name not in DTYPES:
-        raise GatedQwenError(f"unknown dtype {name!r}; choose one of {', '.join(DTYPES)}")
-    return DTYPES[name]
+    if name not in TORCH_DTYPES:
+        raise GatedQwenError(f"unknown dtype {name!r}; choose one of {', '.join(TORCH_DTYPES)}")
+    return TORCH_DTYPES[name]
 
 
 # ----------------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ import torch
 from safetensors import safe_open
 
 from .errors import CheckpointError
+from .hub import resolve_source
 from .layout import gate_type_for_rows, q_proj_rows
 
 SAFE_WEIGHTS_NAME = "model.safetensors"
@@ -162,6 +163,7 @@ def read_checkpoint_header(
         return header
     if Path(path_or_repo_id).exists() or str(path_or_repo_id).startswith((".", "/", "~")):
         raise CheckpointError(f"{local} is not a folder; give a checkpoint folder or a hub id like owner/name")
+    resolve_source(str(path_or_repo_id), subfolder, revision, token)  # offline, no network, unknown repo: said at once
     return _read_hub_header(str(path_or_repo_id), subfolder, revision, token)
 
 

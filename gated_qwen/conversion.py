@@ -54,6 +54,7 @@ from .checkpoint import (
 from .configuration_qwen3_gated import Qwen3GatedConfig, check_model_type
 from .devices import resolve_dtype
 from .errors import CheckpointError, GatedQwenError
+from .hub import resolve_source
 from .layout import gate_dim, merge_query_and_gate, split_query_and_gate
 from .modeling_qwen3_gated import (
     Qwen3GatedForCausalLM,
@@ -61,11 +62,11 @@ from .modeling_qwen3_gated import (
     Qwen3GatedModel,
     Qwen3GatedPreTrainedModel,
 )
+from .names import CONVERSION_GATES, CONVERSION_INITS
 
 logger = logging.get_logger(__name__)
 
-GATES = ("headwise", "elementwise")
-INITS = ("identity", "random")
+GATES, INITS = CONVERSION_GATES, CONVERSION_INITS  # the names live in gated_qwen.names (torch-free, for the CLI)
 
 # stock class -> its gated counterpart; the Qwen3Gated classes subclass these, so order matters
 # only in that each model matches exactly one entry.
@@ -404,6 +405,7 @@ def _source_folder(src: str | os.PathLike, subfolder: str, revision: str | None)
         return folder
     if local.exists() or str(src).startswith((".", "/", "~")) or str(src).count("/") > 1:
         raise GatedQwenError(f"{src} is not a folder; give a checkpoint folder or a hub id like Qwen/Qwen3-0.6B")
+    resolve_source(str(src), subfolder, revision)  # offline, no network, unknown repo: said at once, not after retries
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 

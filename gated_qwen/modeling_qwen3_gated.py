@@ -35,6 +35,7 @@ from transformers.utils import logging
 from .checkpoint import HUB_KWARGS, check_q_proj_layout, read_local_safetensors_header, resolve_weight_files
 from .configuration_qwen3_gated import Qwen3GatedConfig
 from .errors import CheckpointError
+from .integrations import register_with_transformers
 from .layout import gate_dim, q_proj_rows, split_query_and_gate
 
 logger = logging.get_logger(__name__)
@@ -281,10 +282,12 @@ class Qwen3GatedForSequenceClassification(Qwen3GatedPreTrainedModel, Qwen3ForSeq
 
 __all__ = [
     "Qwen3GatedAttention",
-    "check_loaded_weights",
     "Qwen3GatedDecoderLayer",
     "Qwen3GatedForCausalLM",
     "Qwen3GatedForSequenceClassification",
     "Qwen3GatedModel",
     "Qwen3GatedPreTrainedModel",
+    "check_loaded_weights",
 ]
+
+register_with_transformers()  # importing the model makes it known to AutoConfig / AutoModel*

@@ -282,7 +282,7 @@ def test_analyze_command_writes_json_and_figures(two_arms, tmp_path, capsys):
     assert main(["analyze", str(headwise), "--prompt", "Hi", "--out", str(tmp_path / "x"), "--subfolder", "a", "b"]) == 2
     assert "--subfolder" in capsys.readouterr().err
     assert main(["analyze", str(tmp_path / "missing"), "--prompt", "Hi", "--out", str(tmp_path / "x")]) == 2
-    assert "missing is not a folder" in capsys.readouterr().err
+    assert "missing does not exist" in capsys.readouterr().err
 
 
 def test_analyze_without_matplotlib_says_what_to_install(two_arms, tmp_path, capsys, monkeypatch):
@@ -293,3 +293,12 @@ def test_analyze_without_matplotlib_says_what_to_install(two_arms, tmp_path, cap
     assert "gated-qwen[plot]" in capsys.readouterr().err
     assert main(["analyze", str(two_arms[1]), "--prompt", "Hello world hello", "--out", str(tmp_path / "o"), "--no-plots"]) == 0
     assert json.loads((tmp_path / "o" / "analysis.json").read_text())["figures"] == []
+
+
+def test_analyze_a_folder_without_tokenizer_says_the_tokenizer_is_missing(tmp_path, capsys):
+    weights_only = tmp_path / "weights_only"
+    write_released_checkpoint(weights_only, vocab_size=320)
+    assert main(["analyze", str(weights_only), "--prompt", "Hello world", "--no-plots", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "has no tokenizer files: it needs tokenizer.json" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 
 def add_parser(subparsers) -> None:
-    from ..devices import DEVICES, DTYPES
+    from ..names import DEVICES, DTYPES
 
     parser = subparsers.add_parser(
         "analyze",
@@ -40,16 +40,8 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--dtype", default="float32", choices=list(DTYPES), help="dtype to run in (default float32)")
     parser.add_argument("--device", default="auto", choices=DEVICES, help="auto: cuda, then mps, then cpu")
     parser.add_argument("--no-plots", action="store_true", help="write the JSON only (no matplotlib needed)")
+    parser.add_argument("--verbose", action="store_true", help="show transformers' log messages and progress bars")
     parser.set_defaults(run=run)
-
-
-def _label(model: str, subfolder: str, taken: set[str]) -> str:
-    label = Path(subfolder).name if subfolder else Path(model.rstrip("/")).name or model
-    base, n = label, 2
-    while label in taken:
-        label, n = f"{base}-{n}", n + 1
-    taken.add(label)
-    return label
 
 
 def analyze_model(model, tokenizer, text: str, args) -> tuple[dict, dict]:
@@ -140,11 +132,11 @@ def _print_table(numbers: dict) -> None:
 
 
 def run(args) -> int:
-    from transformers import AutoTokenizer
-
     from ..devices import resolve_device, resolve_dtype
     from ..errors import GatedQwenError
-    from ..modeling_qwen3_gated import Qwen3GatedForCausalLM
+    from ..generation import check_tokenizer_files, load_model_and_tokenizer, local_checkpoint_folder
+    from ..names import model_label
+    from ..verbosity import quiet_transformers
 
     models = [args.model, *args.compare]
     if len(args.subfolder) not in (1, len(models)):
@@ -157,10 +149,9 @@ def run(args) -> int:
             raise GatedQwenError(f"{args.text} is not UTF-8 text") from None
     else:
         text = args.prompt
-    for model_name, subfolder in zip(models, subfolders):
-        local = Path(model_name).expanduser() / subfolder
-        if (Path(model_name).expanduser().exists() or model_name.startswith((".", "/", "~"))) and not local.is_dir():
-            raise GatedQwenError(f"{local} is not a folder; give a checkpoint folder or a hub id like owner/name")
+    for model_name, subfolder in zip(models, subfolders):  # every source checked before any model is loaded
+        local_checkpoint_folder(model_name, subfolder)
+        check_tokenizer_files(model_name, subfolder)
     out = Path(args.out)
     if out.exists() and not args.overwrite:
         raise GatedQwenError(f"{out} already exists; pass --overwrite to replace it or choose another --out")
@@ -168,17 +159,14 @@ def run(args) -> int:
         from ..analysis import _pyplot
 
         _pyplot()  # fail before any model is loaded when matplotlib is missing
-    device, dtype = resolve_device(args.device), resolve_dtype(args.dtype)
+    resolve_device(args.device), resolve_dtype(args.dtype)  # an unavailable device or dtype: refused before any loading
 
     numbers, tensors, taken = {}, {}, set()
     for model_name, subfolder in zip(models, subfolders):
-        label = _label(model_name, subfolder, taken)
+        label = model_label(model_name, subfolder, taken)
         print(f"analyzing {label} ({model_name}{' / ' + subfolder if subfolder else ''})", file=sys.stderr)
-        model = Qwen3GatedForCausalLM.from_pretrained(model_name, subfolder=subfolder, dtype=dtype).to(device).eval()
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(model_name, subfolder=subfolder)
-        except (OSError, ValueError) as error:
-            raise GatedQwenError(f"{model_name} has no usable tokenizer files ({error})") from None
+        with quiet_transformers(args.verbose):
+            model, tokenizer = load_model_and_tokenizer(model_name, subfolder=subfolder, device=args.device, dtype=args.dtype)
         numbers[label], tensors[label] = analyze_model(model, tokenizer, text, args)
         numbers[label]["source"] = {"model": model_name, "subfolder": subfolder}
         del model

@@ -12,9 +12,8 @@ PARTS = ("models", "loading", "conversion")
 
 
 def add_parser(subparsers) -> None:
-    # The defaults and choices come from the library, the one place they are defined. Importing it
-    # here adds nothing heavy: building the parser already imports gated_qwen, hence torch and transformers.
-    from ..benchmark import DTYPES, SIZES, BenchmarkOptions
+    # The defaults and choices come from the library's torch-free options module, the one place they are defined.
+    from ..benchmark_options import DTYPES, SIZES, BenchmarkOptions
 
     defaults = BenchmarkOptions()
     parser = subparsers.add_parser(

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 
 def add_parser(subparsers) -> None:
-    from ..conversion import GATES, INITS
-    from ..devices import DTYPES
+    from ..names import CONVERSION_GATES, CONVERSION_INITS, DTYPES
 
     parser = subparsers.add_parser(
         "convert",
@@ -16,10 +15,10 @@ def add_parser(subparsers) -> None:
     )
     parser.add_argument("src", metavar="SRC", help="a Qwen3 checkpoint folder or a hub id, e.g. Qwen/Qwen3-0.6B")
     parser.add_argument("dst", metavar="DST", help="the folder to write (must not exist or be empty, unless --overwrite)")
-    parser.add_argument("--gate", choices=GATES, default="headwise", help="gate type (default: headwise)")
+    parser.add_argument("--gate", choices=CONVERSION_GATES, default="headwise", help="gate type (default: headwise)")
     parser.add_argument(
         "--init",
-        choices=INITS,
+        choices=CONVERSION_INITS,
         default="identity",
         help="identity: zero gate rows and doubled o_proj, the same outputs bit for bit (default); "
         "random: gate rows drawn like the model's initializer",
