@@ -215,10 +215,10 @@ def check_loaded_weights(model, loading_info: dict, checkpoint_keys: set[str] | 
         problems.append(("has weights the model has no place for", unexpected_decoder))
     # A checkpoint of this same head (its decoder under the prefix, no other head) must carry the head too;
     # a bare-model checkpoint gets a fresh head, as in transformers.
-    head_checkpoint = checkpoint_keys is not None and prefix and any(k.startswith(prefix) for k in checkpoint_keys)
+    head_checkpoint = bool(prefix) and checkpoint_keys is not None and any(k.startswith(prefix) for k in checkpoint_keys)
     other_heads = [key for key in unexpected if not in_decoder(key)]
-    missing_heads = sorted(key for key in missing & set(model._required_head_keys) if head_checkpoint and not other_heads)
-    if missing_heads:
+    missing_heads = sorted(missing & set(model._required_head_keys))
+    if head_checkpoint and not other_heads and missing_heads:
         problems.append(("lacks weights the model needs", missing_heads))
     for what, keys in problems:
         shown = ", ".join(keys[:4]) + (f" and {len(keys) - 4} more" if len(keys) > 4 else "")
