@@ -17,6 +17,7 @@ import contextlib
 import json
 import logging
 import math
+import subprocess
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -37,17 +38,36 @@ def _import_lm_eval():
     return lm_eval, HFLM, TaskManager
 
 
+def _git_hash_quietly() -> str | None:
+    """The harness's record of the working directory's git commit, without git's "fatal: not a git repository"."""
+    try:
+        return subprocess.check_output(["git", "describe", "--always"], stderr=subprocess.DEVNULL).strip().decode()
+    except (subprocess.CalledProcessError, FileNotFoundError):
+        return None
+
+
 @contextlib.contextmanager
 def quiet_harness(verbose: bool = False) -> Iterator[None]:
-    """The harness logs only errors inside the block (unless ``verbose``); its level is restored after."""
+    """The harness logs only errors inside the block (unless ``verbose``); what is changed is restored after.
+
+    The harness also records the git commit of the working directory by running git, which prints a
+    "fatal" line outside a repository; inside the block git's own stderr is dropped.
+    """
     harness_logger = logging.getLogger("lm_eval")
     level = harness_logger.level
-    if not verbose:
-        harness_logger.setLevel(logging.ERROR)
+    if verbose:
+        yield
+        return
+    import lm_eval.evaluator as harness_evaluator
+
+    git_hash = harness_evaluator.get_git_commit_hash
+    harness_logger.setLevel(logging.ERROR)
+    harness_evaluator.get_git_commit_hash = _git_hash_quietly
     try:
         yield
     finally:
         harness_logger.setLevel(level)
+        harness_evaluator.get_git_commit_hash = git_hash
 
 
 def task_manager(include_path: str | Path | Sequence[str | Path] | None = None, tasks: Sequence[str] = ()):
@@ -130,8 +150,8 @@ def table_rows(results_by_arm: dict[str, dict]) -> list[dict]:
     for arm, result in results_by_arm.items():
         for task, metrics in result.get("results", {}).items():
             for key, value in metrics.items():
-                metric, _, filter_name = key.partition(",")
-                if key == "alias" or "_stderr" in metric or not isinstance(value, (int, float)):
+                metric, comma, filter_name = key.partition(",")  # metric keys are "metric,filter"
+                if not comma or "_stderr" in metric or isinstance(value, bool) or not isinstance(value, (int, float)):
                     continue
                 stderr = metrics.get(f"{metric}_stderr,{filter_name}")
                 row = rows.setdefault(

@@ -88,7 +88,9 @@ def test_harness_loglikelihoods_equal_the_models_own(lm_eval, arm, task_folder):
     assert result["results"][TASK]["acc,none"] == pytest.approx(correct / len(ITEMS))
 
 
-def test_eval_command_compares_arms_and_writes_results(lm_eval, tmp_path, task_folder, capsys):
+def test_eval_command_compares_arms_and_writes_results(lm_eval, tmp_path, task_folder, capfd, monkeypatch):
+    capsys = capfd  # file-descriptor level: git, run by the harness, writes to it directly
+    monkeypatch.chdir(tmp_path)  # not a git repository
     first, second = write_arm(tmp_path / "a" / "final", seed=0), write_arm(tmp_path / "b" / "final", seed=1, gate="elementwise")
     out = tmp_path / "results"
     argv = ["eval", str(first), "--compare", str(second), "--tasks", TASK, "--include-path", str(task_folder), "--output-path", str(out)]
@@ -99,6 +101,7 @@ def test_eval_command_compares_arms_and_writes_results(lm_eval, tmp_path, task_f
     assert set(report["arms"]) == {"final", "final-2"}
     assert report["arms"]["final-2"]["source"]["model"] == str(second)
     assert (out / "results.md").read_text().strip() == table.strip()
+    assert "fatal" not in capsys.readouterr().err  # nor the harness's git probe outside a repository
     # the same output again is refused before anything is evaluated, and allowed with --overwrite
     assert main(argv) == 2
     assert "already holds results.json" in capsys.readouterr().err
@@ -131,9 +134,10 @@ def test_table_puts_each_arm_in_a_column():
     from gated_qwen.evaluation import format_table
 
     results = {
-        "baseline": {"results": {"hellaswag": {"acc,none": 0.41, "acc_stderr,none": 0.005, "acc_norm,none": 0.52}}, "n-shot": {"hellaswag": 0}},
+        "baseline": {"results": {"hellaswag": {"alias": "hellaswag", "sample_len": 10042, "acc,none": 0.41, "acc_stderr,none": 0.005, "acc_norm,none": 0.52}}, "n-shot": {"hellaswag": 0}},
         "headwise": {"results": {"hellaswag": {"acc,none": 0.43, "acc_stderr,none": 0.005}}, "n-shot": {"hellaswag": 0}},
     }
     lines = format_table(results).splitlines()
     assert lines[2] == "| hellaswag | acc | 0 | 0.4100 ± 0.0050 | 0.4300 ± 0.0050 |"
     assert lines[3] == "| hellaswag | acc_norm | 0 | 0.5200 | - |"
+    assert len(lines) == 4  # counts and aliases are not metrics
