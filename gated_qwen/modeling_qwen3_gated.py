@@ -31,7 +31,7 @@ from transformers.configuration_utils import PreTrainedConfig
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.utils import logging
 
-from .checkpoint import HUB_KWARGS, check_q_proj_layout, read_local_safetensors_header, resolve_weight_files
+from .checkpoint import HUB_KWARGS, check_q_proj_layout, read_weight_file_header, resolve_weight_files
 from .configuration_qwen3_gated import Qwen3GatedConfig
 from .errors import CheckpointError
 from .layout import gate_dim, q_proj_rows, split_query_and_gate
@@ -136,8 +136,11 @@ class Qwen3GatedPreTrainedModel(Qwen3PreTrainedModel):
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
         """transformers' ``from_pretrained``, strict about the checkpoint matching the config.
 
-        Before any weight is read, each q_proj's shape (from the safetensors headers) is checked against
-        the config's gate type; after loading, a weight the model did not take (unexpected) or one it
+        Reads the released arms as they are (``model_type "qwen2"``, one ``pytorch_model.bin``, which
+        transformers reads with ``torch.load(weights_only=True)``), stock Qwen3 checkpoints (gate
+        ``"none"``) and checkpoints saved here. Before any weight is read, each q_proj's shape (from
+        the safetensors headers, or a ``.bin``'s pickle without its data) is checked against the
+        config's gate type; after loading, a weight the model did not take (unexpected) or one it
         had to initialise (missing) is an error rather than a log line. Both raise
         :class:`~gated_qwen.errors.CheckpointError`. Python files beside the weights are never imported.
 
@@ -162,7 +165,7 @@ class Qwen3GatedPreTrainedModel(Qwen3PreTrainedModel):
                 )
             tensors = {}
             for file in resolve_weight_files(pretrained_model_name_or_path, **kwargs):
-                tensors.update(read_local_safetensors_header(file))
+                tensors.update(read_weight_file_header(file))
             check_q_proj_layout(config, tensors, str(pretrained_model_name_or_path))
 
         model, loading_info = super().from_pretrained(
