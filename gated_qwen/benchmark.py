@@ -45,15 +45,19 @@ from .modeling_qwen3_gated import Qwen3GatedForCausalLM
 
 # Architectures by name. "100m" keeps the released arms' proportions (head_dim 128, two query heads
 # per kv head, H*D = hidden, MLP 3x hidden) at about 108M parameters with a 32k vocabulary; "1b" is the
-# released architecture itself (shared/RELEASED_FORMAT.md); "tiny" is for tests.
+# released architecture itself, read from the repository's configs/1B_baseline.json (the measured
+# one: vocabulary 152064, MLP 6144; all arms share it, so the elementwise arm here keeps that MLP
+# rather than the released elementwise arm's 5504); "tiny" is for tests.
 SIZES = {
     "tiny": dict(vocab_size=256, hidden_size=64, intermediate_size=192, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2, head_dim=16),
     "100m": dict(vocab_size=32000, hidden_size=1024, intermediate_size=3072, num_hidden_layers=6,
                  num_attention_heads=8, num_key_value_heads=4, head_dim=128),
-    "1b": dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=28,
-               num_attention_heads=16, num_key_value_heads=8, head_dim=128),
+    "1b": "1B_baseline.json",
 }
+ARCHITECTURE_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                     "num_attention_heads", "num_key_value_heads", "head_dim")
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 STOCK_ARM = "qwen3"  # transformers' Qwen3ForCausalLM
 GATES = ("none", "headwise", "elementwise")
 ARMS = (STOCK_ARM, *GATES)
@@ -92,11 +96,20 @@ def architecture(options: BenchmarkOptions) -> dict:
     """The config keys shared by all arms: the named size with ``overrides`` applied."""
     if options.size not in SIZES:
         raise GatedQwenError(f"unknown size {options.size!r}; choose one of {', '.join(SIZES)}")
+    size = SIZES[options.size]
+    if isinstance(size, str):  # a file of the repository's configs/
+        if not (CONFIGS / size).is_file():
+            raise GatedQwenError(
+                f"--size {options.size} reads configs/{size} from a checkout of the gated-qwen repository, "
+                f"and {CONFIGS} has none; run from a checkout, or give the keys with --set"
+            )
+        released = Qwen3GatedConfig.from_json_file(CONFIGS / size)
+        size = {key: getattr(released, key) for key in ARCHITECTURE_KEYS}
     unknown = sorted(set(options.overrides) - set(Qwen3GatedConfig.__dataclass_fields__))
     if unknown:
         raise GatedQwenError(f"{', '.join(unknown)}: not a Qwen3 config key; see transformers' Qwen3Config")
     return {
-        **SIZES[options.size],
+        **size,
         "tie_word_embeddings": True,
         "max_position_embeddings": max(4096, options.prompt_length + options.new_tokens),
         "attn_implementation": options.attn_implementation,

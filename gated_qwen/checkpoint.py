@@ -187,7 +187,10 @@ def load_pickle_weights(path: str | os.PathLike, map_location: str = "cpu") -> d
                 raise
             state = torch.load(path, map_location=map_location, weights_only=True)  # the pre-1.6 format
     except pickle.UnpicklingError as error:
-        reason = str(error).strip().splitlines()[-1][:200]
+        lines = [line.strip() for line in str(error).splitlines() if line.strip()] or ["refused"]
+        # torch's message is a page long; the line that names what the pickle wanted is the one to keep
+        reason = next((line for line in lines if "GLOBAL" in line or "WeightsUnpickler error" in line), lines[0])
+        reason = reason.removeprefix("WeightsUnpickler error:").strip().rstrip(".")[:200]
         raise CheckpointError(
             f"{path} holds a pickle that is not plain tensors ({reason}); it was refused and nothing in it ran. "
             "Get the weights from a source you trust, preferably as safetensors"
