@@ -512,7 +512,7 @@ class CheckpointTensors:
         return StoredTensor(self._file_of[name], *self._offsets[name])
 
     def get(self, name: str) -> torch.Tensor:
-        """The tensor ``name``, on the CPU, as stored."""
+        """The tensor ``name``, on the CPU, as stored (treat it as read-only: it may be a view of the file)."""
         file = self._file_of[name]
         if file.suffix == ".safetensors":
             try:
@@ -524,9 +524,10 @@ class CheckpointTensors:
             self._mapped = None  # drop the old map before making the new one
             self._mapped = (file, load_pickle_weights(file))
             self._mapped_read = 0
-        tensor = self._mapped[1][name].clone()  # a copy: the map it came from is dropped later
         self._mapped_read += self.infos[name].nbytes
-        return tensor
+        # A view of the map, not a copy: it keeps its map alive for as long as the caller holds it, so
+        # dropping the map above only frees it once the tensors taken from it are gone.
+        return self._mapped[1][name]
 
 
 # ----------------------------------------------------------------------------------------------
