@@ -28,7 +28,6 @@ import json
 import os
 import shutil
 import struct
-import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from operator import attrgetter
@@ -61,6 +60,7 @@ from .modeling_qwen3_gated import (
     Qwen3GatedModel,
     Qwen3GatedPreTrainedModel,
 )
+from .outputs import OutputFolder
 
 logger = logging.get_logger(__name__)
 
@@ -300,9 +300,10 @@ def convert_checkpoint(
     are copied; config.json becomes a :class:`Qwen3GatedConfig`. ``verify`` loads both on CPU and
     compares their logits on a short probe (0.0 for identity init without a dtype change).
 
-    ``src`` is only read. Everything is written into a temporary folder beside ``dst`` and renamed at
-    the end, so a failure leaves no ``dst``; an existing non-empty ``dst`` is refused unless
-    ``overwrite``. Pickle weights (pytorch_model.bin) are refused, never unpickled.
+    ``src`` is only read. ``dst`` is written through :class:`gated_qwen.outputs.OutputFolder`: into a
+    staging folder, put in place only when whole, so a failure leaves ``dst`` as it was; a link is
+    followed, an existing non-empty ``dst`` is refused unless ``overwrite``. Pickle weights
+    (pytorch_model.bin) are refused, never unpickled.
 
     >>> result = convert_checkpoint("Qwen/Qwen3-0.6B", "qwen3-0.6b-headwise", gate="headwise")  # doctest: +SKIP
     >>> result.files  # doctest: +SKIP
@@ -312,11 +313,8 @@ def convert_checkpoint(
     _check_choice(init, INITS, "init")
     target_dtype = resolve_dtype(dtype)
     target_dtype = None if target_dtype == "auto" else target_dtype  # None: keep each tensor's dtype
-    dst = Path(dst).expanduser()
-    if dst.exists() and not dst.is_dir():
-        raise GatedQwenError(f"{dst} exists and is not a folder; give a folder for the converted checkpoint")
-    if dst.is_dir() and any(dst.iterdir()) and not overwrite:
-        raise GatedQwenError(f"{dst} exists and is not empty; choose another folder or pass --overwrite to replace it")
+    output = OutputFolder(dst, overwrite=overwrite)  # refuses a bad DST now, before any reading
+    dst = output.destination
 
     folder = _source_folder(src, subfolder, revision)
     for inside, outside in ((dst, folder), (folder, dst)):
@@ -354,10 +352,7 @@ def convert_checkpoint(
     plan, unchanged = _plan_tensors(header.tensors, config, gated_class, init, target_dtype, source)
     split = _split_into_shards(plan, max_shard_size)
 
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    staging = dst.parent / f".{dst.name}.{uuid.uuid4().hex[:8]}.partial"
-    staging.mkdir()  # not tempfile.mkdtemp: its 0700 mode would become DST's
-    try:
+    with output as staging:  # written whole into a staging folder, put in place at the end (gated_qwen.outputs)
         total_size = sum(info.nbytes for info in plan.values())
         from tqdm.auto import tqdm
 
@@ -374,16 +369,6 @@ def convert_checkpoint(
             _copy(folder / name, staging / name)
 
         max_difference = _max_logit_difference(gated_class, folder, staging) if verify else None
-
-        if dst.exists():
-            replaced = dst.rename(staging.with_suffix(".old"))
-            staging.rename(dst)
-            shutil.rmtree(replaced)
-        else:
-            staging.rename(dst)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return ConversionResult(
         path=dst,
         files=list(split.filename_to_tensors),
