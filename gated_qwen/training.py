@@ -434,9 +434,14 @@ def read_checkpoint(checkpoint: str | Path) -> dict:
                 f"it was not loaded. Use checkpoints this package wrote: {advice}"
             ) from None
         except Exception as error:  # safetensors, zip and pickle readers raise several types
-            reason = " ".join(str(error).split())[:200]
-            raise TrainingError(f"{path} is damaged or truncated ({reason}); {advice}") from None
+            raise TrainingError(f"{path} is damaged or truncated ({_first_sentence(error)}); {advice}") from None
     return state
+
+
+def _first_sentence(error: Exception) -> str:
+    """A library's error message on one line, up to its first full stop (torch's go on for several sentences)."""
+    text = " ".join(str(error).split()) or type(error).__name__
+    return text.split(". ")[0].rstrip(".")[:200]
 
 
 def plot_losses(log_path: str | Path, png_path: str | Path) -> Path:
@@ -511,8 +516,7 @@ def train(args: TrainingArguments, resume: str | Path | None = None) -> dict:
         try:
             tokenizer = AutoTokenizer.from_pretrained(str(source))
         except Exception as error:  # a damaged tokenizer.json raises the tokenizers library's own errors
-            reason = " ".join(str(error).split())[:200]
-            raise TrainingError(f"cannot load the tokenizer in {source} ({reason}); give a tokenizer folder") from None
+            raise TrainingError(f"cannot load the tokenizer in {source} ({_first_sentence(error)}); it is damaged or not a tokenizer folder") from None
     else:
         tokenizer = train_tokenizer(documents, args.vocab_size)
 
@@ -544,8 +548,7 @@ def train(args: TrainingArguments, resume: str | Path | None = None) -> dict:
         try:
             accelerator.load_state(str(checkpoint), load_kwargs={"weights_only": True})
         except Exception as error:  # read_checkpoint checked the files: this is a mismatch with the model
-            reason = " ".join(str(error).split())[:300]
-            raise TrainingError(f"cannot restore the training state saved in {checkpoint} ({reason}); "
+            raise TrainingError(f"cannot restore the training state saved in {checkpoint} ({_first_sentence(error)}); "
                                 "it was saved by a different model or optimizer") from None
         step, tokens, elapsed_before = state["step"], state["tokens"], state["elapsed_s"]
         train_loss, last_eval = state.get("train_loss"), state.get("heldout")
