@@ -28,7 +28,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -484,9 +483,9 @@ def run_benchmark(options: BenchmarkOptions, log: Callable[[str], None] = lambda
         log("measuring prefill and decode of the four arms")
         result["models"] = measure_models(options)
     if options.loading or options.conversion:
-        if options.scratch_dir:
-            Path(options.scratch_dir).mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(prefix="gated-qwen-bench-", dir=options.scratch_dir) as scratch:
+        from .outputs import scratch_folder
+
+        with scratch_folder(options.scratch_dir, name="gated-qwen-bench") as scratch:  # a killed run's is removed by the next
             log("writing the stock and gated checkpoints")
             checkpoints = write_checkpoints(options, Path(scratch))
             if options.loading:

@@ -270,7 +270,7 @@ def test_analyze_command_writes_json_and_figures(two_arms, tmp_path, capsys):
 
     # never overwrites unless asked; nothing is left half-written
     assert main(argv) == 2
-    assert "already exists" in capsys.readouterr().err
+    assert "is not empty; choose another folder or pass --overwrite" in capsys.readouterr().err
     with pytest.raises(SystemExit, match="2"):  # --text and --prompt exclude each other (argparse)
         main([*argv, "--prompt", "x"])
     assert main([*argv, "--overwrite", "--no-plots"]) == 0
@@ -332,3 +332,13 @@ def test_analyze_refuses_a_malicious_bin_in_one_line(two_arms, tmp_path, capsys)
     (message,) = [line for line in err.splitlines() if line.startswith("gated-qwen analyze: error:")]
     assert "pytorch_model.bin holds a pickle that is not plain tensors" in message and "posix.mkdir" in message
     assert not (tmp_path / "payload-ran").exists() and not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("option, value", [("--batch-size", "0"), ("--batch-size", "-1"), ("--max-tokens", "0"), ("--context", "1")])
+def test_analyze_refuses_out_of_range_numbers_in_one_line(two_arms, tmp_path, capsys, option, value):
+    out = tmp_path / "report"
+    assert main(["analyze", str(two_arms[1]), "--prompt", "Hello world", "--out", str(out), option, value]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gated-qwen analyze: error: ") and err.count("\n") == 1 and "Traceback" not in err
+    assert f"{option} must be at least" in err and f"not {value}" in err
+    assert not out.exists()
