@@ -93,10 +93,10 @@ def mrope_section(rotary_dim: int) -> list[int]:
 def check_exportable(config: Qwen3GatedConfig, source: str = "the model") -> None:
     """Refuse, with the reason, a model that Qwen3.5 cannot compute exactly.
 
-    >>> check_exportable(Qwen3GatedConfig(num_attention_heads=4, num_key_value_heads=2))
+    >>> check_exportable(Qwen3GatedConfig(num_attention_heads=4, num_key_value_heads=2))  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    gated_qwen.errors.CheckpointError: the model has no gate (gate type 'none'): it is a stock Qwen3, which every engine serves as it is (as model_type 'qwen3', Qwen3ForCausalLM); there is nothing to export
+    gated_qwen.errors.CheckpointError: the model has no gate (gate type 'none'): it is a stock Qwen3, ...
     """
     if config.gate_type == "none":
         raise CheckpointError(
@@ -352,14 +352,17 @@ def export_checkpoint(
             _copy(folder / name, staging / name)
         return files
 
-    files, max_difference = _write_folder(dst, overwrite, write, verify=(lambda staging: max_logit_difference(folder, staging)) if verify else None)
+    check = (lambda staging: max_logit_difference(folder, staging)) if verify else None
+    files, max_difference = _write_folder(dst, overwrite, write, check)
     if rounding.rounded:
         logger.warning(rounding.message(source, exported_config["dtype"]))
     return ExportResult(
         path=dst,
         files=files,
         total_size=sum(info.nbytes for info in plan.values()),
-        source_parameters=sum(info.numel for name, info in source_tensors.items() if not (name == "lm_head.weight" and config.tie_word_embeddings)),
+        source_parameters=sum(
+            info.numel for name, info in source_tensors.items() if not (name == "lm_head.weight" and config.tie_word_embeddings)
+        ),
         exported_parameters=sum(info.numel for info in plan.values()),
         norm_rounding=rounding,
         max_difference=max_difference,
@@ -386,7 +389,9 @@ def _plan_export(source_tensors: dict[str, TensorInfo], config, exported_config:
         try:
             outputs = export_tensor(name, probe, config)
         except ValueError as error:
-            raise CheckpointError(f"{source}: {name} has shape {tuple(info.shape)}, which does not fit its config ({error})") from None
+            raise CheckpointError(
+                f"{source}: {name} has shape {tuple(info.shape)}, which does not fit its config ({error})"
+            ) from None
         for out_name, out in outputs:
             plan[out_name] = TensorInfo(tuple(out.shape), SAFETENSORS_CODES[out.dtype])
             origin[out_name] = name
@@ -447,10 +452,14 @@ def _source_config(src, subfolder: str, revision: str | None) -> dict:
         try:
             path = Path(hf_hub_download(str(src), "config.json", subfolder=subfolder or None, revision=revision))
         except EntryNotFoundError:
-            raise CheckpointError(f"{src}" + (f" (subfolder {subfolder})" if subfolder else "") + " has no config.json; it is not a model checkpoint") from None
+            where = f"{src}" + (f" (subfolder {subfolder})" if subfolder else "")
+            raise CheckpointError(f"{where} has no config.json; it is not a model checkpoint") from None
         except (HfHubHTTPError, LocalEntryNotFoundError, OSError, ValueError) as error:
             reason = " ".join(str(error).split())
-            raise CheckpointError(f"{src} is not a local folder and could not be read from the hub ({reason}); check the path or hub id, the revision, or the network") from None
+            raise CheckpointError(
+                f"{src} is not a local folder and could not be read from the hub ({reason}); "
+                "check the path or hub id, the revision, or the network"
+            ) from None
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
@@ -477,7 +486,8 @@ def _open_source(src, subfolder: str, revision: str | None) -> tuple[Path, dict[
     tensors, places = {}, {}
     for file in files:
         tensors.update(read_local_safetensors_header(file))
-        places.update({name: StoredTensor(file, start, end) for name, (start, end) in read_local_safetensors_offsets(file).items()})
+        offsets = read_local_safetensors_offsets(file)
+        places.update({name: StoredTensor(file, start, end) for name, (start, end) in offsets.items()})
 
     def read(name: str, stored: bool = False):
         if stored:
@@ -487,7 +497,9 @@ def _open_source(src, subfolder: str, revision: str | None) -> tuple[Path, dict[
             with safe_open(os.fspath(places[name].file), framework="pt") as handle:
                 return handle.get_tensor(name)
         except Exception as error:
-            raise CheckpointError(f"could not read {name} from {places[name].file} ({error}); the file is corrupt or truncated") from None
+            raise CheckpointError(
+                f"could not read {name} from {places[name].file} ({error}); the file is corrupt or truncated"
+            ) from None
 
     return folder, tensors, read
 
@@ -498,7 +510,8 @@ def _write_tensors(staging: Path, plan: dict[str, TensorInfo], tensors_for, max_
 
     split = _split_into_shards(plan, max_shard_size)
     total_size = sum(info.nbytes for info in plan.values())
-    with tqdm(total=total_size, unit="B", unit_scale=True, unit_divisor=1024, desc="exporting", disable=None if progress else True) as bar:
+    disable = None if progress else True  # None: a bar only on a terminal
+    with tqdm(total=total_size, unit="B", unit_scale=True, unit_divisor=1024, desc="exporting", disable=disable) as bar:
         for filename, names in split.filename_to_tensors.items():
             specs = {name: plan[name] for name in names}
 

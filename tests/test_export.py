@@ -122,7 +122,7 @@ def normed_like_qwen3_5(model, exported: Path):
             if "norm" in name:
                 restored = 1 + stored[name].float()
                 parameter.copy_(restored)
-                assert torch.equal(parameter.float(), restored), f"{name}: 1 + (w - 1) is not representable in {parameter.dtype}"
+                assert torch.equal(parameter.float(), restored), f"{name}: 1 + (w - 1) does not fit {parameter.dtype}"
     original = modeling_qwen3.Qwen3RMSNorm.forward
     modeling_qwen3.Qwen3RMSNorm.forward = qwen3_5_rms_norm_forward
     try:
@@ -138,7 +138,9 @@ def exports(tmp_path_factory):
     ids = probe_ids()
     cases, jobs = {}, []
     sources = [(f"{gate}-{kv}-{tie}", dict(gate=gate, kv=kv, tie=tie)) for gate, kv, tie in SHAPES]
-    sources += [(f"rope-{kind}", dict(gate="headwise", kv=2, tie=False, rope_scaling=scaling)) for kind, scaling in ROPE_SCALINGS.items()]
+    sources += [
+        (f"rope-{kind}", dict(gate="headwise", kv=2, tie=False, rope_scaling=scaling)) for kind, scaling in ROPE_SCALINGS.items()
+    ]
     for source_name, kwargs in sources:
         source = root / source_name
         write_source(source, **kwargs, tokenizer=source_name == "headwise-2-False")
@@ -381,7 +383,8 @@ def test_cli_bad_arguments(tmp_path, capsys):
 
 
 def digests(folder: Path) -> dict[str, str]:
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.rglob("*")) if p.is_file()}
+    files = (p for p in sorted(folder.rglob("*")) if p.is_file())
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
 
 
 def test_existing_output_is_kept_unless_overwrite(tmp_path):
@@ -452,8 +455,9 @@ def test_hub_source_downloads_config_weights_and_tokenizer_but_no_code(tmp_path,
     assert (result.path / "tokenizer.json").is_file() and (result.path / "chat_template.jinja").is_file()
     (config_call, (_, repo_id, revision, patterns)) = calls
     assert config_call == ("config", "owner/model", "config.json", "arm", "v1") and (repo_id, revision) == ("owner/model", "v1")
-    wanted = ("arm/config.json", "arm/model.safetensors", "arm/model-00001-of-00002.safetensors", "arm/model.safetensors.index.json",
-              "arm/tokenizer.json", "arm/tokenizer_config.json", "arm/vocab.json", "arm/generation_config.json", "arm/chat_template.jinja")  # fmt: skip
+    wanted = [f"arm/{name}" for name in ("config.json", "model.safetensors", "model-00001-of-00002.safetensors",
+              "model.safetensors.index.json", "tokenizer.json", "tokenizer_config.json", "vocab.json",
+              "generation_config.json", "chat_template.jinja")]  # fmt: skip
     unwanted = ("arm/modeling_qwen3.py", "arm/configuration_qwen3.py", "arm/README.md", "other/model.safetensors")
     assert all(any(fnmatch(name, pattern) for pattern in patterns) for name in wanted)
     assert not any(fnmatch(name, pattern) for pattern in patterns for name in unwanted)
