@@ -16,9 +16,10 @@ What changes on the way, tensor by tensor (:func:`export_tensor`):
   ``1 + w``, so each weight is stored as ``w - 1``. That is exact when ``0.5 <= w < 2**p`` (p the
   mantissa bits: 8 in bfloat16, 24 in float32); :class:`NormRounding` counts the weights that round.
 * RoPE: Qwen3.5 applies multimodal RoPE, three position streams (time, height, width) that for text
-  are all equal, so it is plain RoPE as long as its sections cover every frequency.
-  :func:`mrope_section` splits the ``D/2`` frequencies evenly (``[22, 21, 21]`` for D=128) and
-  ``mrope_interleaved`` says how they are laid out; rope theta and rope scaling are carried over.
+  are all equal, so it is plain RoPE with full rotary dims (``partial_rotary_factor`` 1.0) as long as
+  every frequency follows one of them. :func:`mrope_section` splits the ``D/2`` frequencies evenly
+  (``[22, 21, 21]`` for D=128), which llama.cpp needs too, and ``mrope_interleaved`` says how they are
+  laid out; rope theta and rope scaling are carried over.
 
 Everything else (embeddings, k/v/o projections, MLP, lm_head) is copied unchanged. What Qwen3.5
 cannot compute is refused with the reason: a model without QK-norm (Qwen3.5 always normalizes
@@ -79,9 +80,12 @@ FINAL_NORM = "model.norm.weight"
 def mrope_section(rotary_dim: int) -> list[int]:
     """Qwen3.5's ``mrope_section`` for plain text RoPE: the ``rotary_dim / 2`` frequencies split evenly in three.
 
-    Sections must add up to all frequencies: transformers computes the same RoPE with any split (its
-    three position streams are equal for text), but llama.cpp leaves the frequencies past the sum
-    unrotated.
+    transformers computes the same RoPE with any split (its three position streams are equal for text).
+    llama.cpp does not: its interleaved M-RoPE gives frequency i the stream ``s % 3`` of its sector
+    ``s = i % sum(sections)`` only while ``s < 3 * sections[s % 3]``, and otherwise a fourth stream whose
+    text position is 0, so that frequency is not rotated at all (unbalanced sections such as
+    ``[24, 20, 20]`` for D=128 leave two frequencies so). Balanced sections that add up to every
+    frequency rotate each one with the text position.
 
     >>> mrope_section(128), mrope_section(64), mrope_section(8)
     ([22, 21, 21], [11, 11, 10], [2, 1, 1])

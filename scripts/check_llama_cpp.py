@@ -70,13 +70,14 @@ import json, sys
 import llama_cpp
 
 prompt, new_tokens = json.loads(sys.argv[2]), int(sys.argv[3])
-model = llama_cpp.Llama(model_path=sys.argv[1], n_ctx=128, n_batch=64, n_threads=1, verbose=False)
+# logits_all: llama-cpp-python keeps the logits (Llama.scores) only then
+model = llama_cpp.Llama(model_path=sys.argv[1], n_ctx=128, n_batch=64, n_threads=1, verbose=False, logits_all=True)
 print(json.dumps({"llama_cpp": llama_cpp.__version__}), flush=True)
 model.eval(prompt)
 print(json.dumps({"prefill": "ok"}), flush=True)
 tokens = []
-for _ in range(new_tokens):
-    token = int(model.sample(temp=0.0, top_k=1))
+for _ in range(new_tokens):  # plain argmax of the last logits: no sampler, no end-of-text stop
+    token = int(model.scores[model.n_tokens - 1].argmax())
     tokens.append(token)
     model.eval([token])
 print(json.dumps({"tokens": tokens}), flush=True)
@@ -126,9 +127,11 @@ def main() -> int:
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     prompt = tokenizer(args.prompt)["input_ids"]
     model = Qwen3GatedForCausalLM.from_pretrained(args.model, dtype=torch.float32)
-    with torch.no_grad():
-        expected = model.generate(torch.tensor([prompt]), max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens,
-                                  do_sample=False, pad_token_id=tokenizer.pad_token_id)[0, len(prompt):].tolist()  # fmt: skip
+    sequence = list(prompt)
+    with torch.no_grad():  # plain argmax, as on the llama.cpp side (generate would apply the generation config)
+        for _ in range(args.new_tokens):
+            sequence.append(int(model(torch.tensor([sequence])).logits[0, -1].argmax()))
+    expected = sequence[len(prompt):]
     print(f"gated-qwen greedy tokens: {expected}")
 
     decode = subprocess.run(

@@ -245,10 +245,25 @@ def test_exported_config(exports):
     assert "auto_map" not in config
 
 
-@pytest.mark.parametrize("head_dim", [8, 64, 128, 256])
+def llama_cpp_stream(frequency: int, sections: list[int]) -> str:
+    """The position stream llama.cpp's interleaved M-RoPE (ggml's rope, imrope) gives a frequency; "e" is 0 for text."""
+    sector = frequency % sum(sections)
+    if sector % 3 == 1 and sector < 3 * sections[1]:
+        return "h"
+    if sector % 3 == 2 and sector < 3 * sections[2]:
+        return "w"
+    if sector % 3 == 0 and sector < 3 * sections[0]:
+        return "t"
+    return "e"
+
+
+@pytest.mark.parametrize("head_dim", [8, 16, 64, 96, 128, 256])
 def test_mrope_sections_cover_every_frequency_evenly(head_dim):
     sections = mrope_section(head_dim)
     assert sum(sections) == head_dim // 2 and max(sections) - min(sections) <= 1
+    # every frequency rotates with the text position in llama.cpp too (none falls to the unrotated stream)
+    assert {llama_cpp_stream(i, sections) for i in range(head_dim // 2)} <= {"t", "h", "w"}
+    assert "e" in {llama_cpp_stream(i, [24, 20, 20]) for i in range(64)}  # what unbalanced sections do
 
 
 # ---------------------------------------------------------------------------------------------- the mapping
