@@ -31,40 +31,31 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import uuid
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 from transformers.utils import logging
 
 from .checkpoint import (
-    SAFE_WEIGHTS_INDEX_NAME,
+    AUXILIARY_FILES,
+    CONFIG_NAME,
     SAFETENSORS_CODES,
     SAFETENSORS_DTYPES,
+    CheckpointTensors,
     TensorInfo,
     check_q_proj_layout,
-    local_weight_files,
-    read_local_safetensors_header,
-    read_local_safetensors_offsets,
+    checkpoint_folder,
+    read_checkpoint_header,
+    read_json,
+    write_safetensors_checkpoint,
 )
 from .configuration_qwen3_gated import Qwen3GatedConfig
-from .conversion import (
-    AUXILIARY_FILES,
-    PICKLE_WEIGHTS,
-    StoredTensor,
-    _copy,
-    _source_folder,
-    _split_into_shards,
-    _write_safetensors,
-    source_config_from_dict,
-)
+from .conversion import _copy, source_config_from_dict
 from .devices import resolve_dtype
 from .errors import CheckpointError, GatedQwenError
 from .layout import gate_dim, split_query_and_gate
+from .outputs import OutputFolder
 
 logger = logging.get_logger(__name__)
 
@@ -300,8 +291,8 @@ def export_checkpoint(
     source (Qwen3GatedForCausalLM) and the export (transformers' Qwen3_5ForCausalLM) in float32 on CPU
     and records their largest logit difference on a short probe.
 
-    ``src`` is only read; ``dst`` is written into a temporary folder beside it and renamed at the end,
-    and an existing non-empty ``dst`` is refused unless ``overwrite``.
+    ``src`` is only read. ``dst`` is written through :class:`gated_qwen.outputs.OutputFolder`: whole or
+    not at all, a link followed, an existing non-empty ``dst`` refused unless ``overwrite``.
 
     >>> result = export_checkpoint("path/to/1B_gate_headwise", "headwise-qwen3_5", to="qwen3_5")  # doctest: +SKIP
     >>> f"{result.parameter_growth:+.1%}"  # doctest: +SKIP
@@ -311,11 +302,8 @@ def export_checkpoint(
         raise GatedQwenError(f"unknown export target {to!r}; choose one of {', '.join(TARGETS)}")
     target_dtype = resolve_dtype(dtype)
     target_dtype = None if target_dtype == "auto" else target_dtype
-    dst = Path(dst).expanduser()
-    if dst.exists() and not dst.is_dir():
-        raise GatedQwenError(f"{dst} exists and is not a folder; give a folder for the exported checkpoint")
-    if dst.is_dir() and any(dst.iterdir()) and not overwrite:
-        raise GatedQwenError(f"{dst} exists and is not empty; choose another folder or pass --overwrite to replace it")
+    output = OutputFolder(dst, overwrite=overwrite)  # refuses a bad DST now, before any reading
+    dst = output.destination
 
     # The config first (on the hub: config.json alone), so that a refusal comes before any download.
     config_dict = _source_config(src, subfolder, revision)
@@ -325,39 +313,40 @@ def export_checkpoint(
     if not architecture.endswith("ForCausalLM"):
         raise CheckpointError(f"{source} is a {architecture}; only causal language models (...ForCausalLM) can be exported")
 
-    folder, source_tensors, read_tensor = _open_source(src, subfolder, revision)
+    folder = checkpoint_folder(src, subfolder, revision)
     for inside, outside in ((dst, folder), (folder, dst)):
         if inside.resolve().is_relative_to(outside.resolve()):
             raise GatedQwenError(f"{dst} and the source {folder} overlap; write the export elsewhere")
+    header = read_checkpoint_header(folder)
+    if not header.tensors:
+        raise CheckpointError(f"{folder} has no weights (model.safetensors, pytorch_model.bin, or an index of either)")
+    source_tensors = header.tensors
     config = source_config_from_dict(config_dict, source)
     check_q_proj_layout(config, source_tensors, source)
 
     plan, origin, unchanged = _plan_export(source_tensors, config, exported_config, target_dtype, source)
+    tensors = CheckpointTensors(header.files)
     rounding = NormRounding()
 
-    def exported_tensors(names) -> Iterator[torch.Tensor | StoredTensor]:
-        for name in names:
-            source_name = origin[name]
-            if source_name in unchanged:
-                yield read_tensor(source_name, stored=True)
-                continue
-            tensor = read_tensor(source_name)
-            if target_dtype is not None:
-                tensor = tensor.to(target_dtype)  # before the mapping: norms are checked in the stored dtype
-            (out,) = [t for n, t in export_tensor(source_name, tensor, config) if n == name]
-            if is_norm_weight(source_name):
-                rounding.add(source_name, tensor, out)
-            yield out
+    def produce(name: str):
+        source_name = origin[name]
+        stored = tensors.stored(source_name) if source_name in unchanged else None
+        if stored is not None:
+            return stored  # copied byte for byte, unread
+        tensor = tensors.get(source_name)
+        if target_dtype is not None:
+            tensor = tensor.to(target_dtype)  # before the mapping: norms are checked in the stored dtype
+        (out,) = [t for n, t in export_tensor(source_name, tensor, config) if n == name]
+        if is_norm_weight(source_name):
+            rounding.add(source_name, tensor, out)
+        return out
 
-    def write(staging: Path) -> list[str]:
-        files = _write_tensors(staging, plan, exported_tensors, max_shard_size, progress)
-        (staging / "config.json").write_text(json.dumps(exported_config, indent=2, sort_keys=True) + "\n")
+    with output as staging:  # written whole into a staging folder, put in place at the end (gated_qwen.outputs)
+        files = write_safetensors_checkpoint(staging, plan, produce, max_shard_size, progress, description="exporting")
+        (staging / CONFIG_NAME).write_text(json.dumps(exported_config, indent=2, sort_keys=True) + "\n")
         for name in AUXILIARY_FILES:
             _copy(folder / name, staging / name)
-        return files
-
-    check = (lambda staging: max_logit_difference(folder, staging)) if verify else None
-    files, max_difference = _write_folder(dst, overwrite, write, check)
+        max_difference = max_logit_difference(folder, staging) if verify else None
     if rounding.rounded:
         logger.warning(rounding.message(source, exported_config["dtype"]))
     return ExportResult(
@@ -436,119 +425,31 @@ def max_logit_difference(source: str | os.PathLike, exported: str | os.PathLike)
     return (source_logits - exported_logits).abs().max().item()
 
 
-# The functions below are the only ones that touch files: reading the source (config, tensors) and
-# writing the output folder. They use the converter's safetensors reader and streaming writer.
-
-
 def _source_config(src, subfolder: str, revision: str | None) -> dict:
-    """The source's config.json as a dict; from the hub, only that file is downloaded."""
+    """The source's config.json as a dict; from the hub, only that file is downloaded (so that a
+    refusal comes before the weights are)."""
     local = Path(src).expanduser()
     if local.is_dir():
-        path = local / subfolder / "config.json"
+        path = local / subfolder / CONFIG_NAME
         if not path.is_file():
             raise CheckpointError(f"{path.parent} has no config.json; it is not a model checkpoint folder")
-    else:
-        from huggingface_hub import hf_hub_download
-        from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, LocalEntryNotFoundError
+        return read_json(path, "model config")
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, LocalEntryNotFoundError
 
-        if local.exists() or str(src).startswith((".", "/", "~")) or str(src).count("/") > 1:
-            raise GatedQwenError(f"{src} is not a folder; give a checkpoint folder or a hub id like owner/name")
-        try:
-            path = Path(hf_hub_download(str(src), "config.json", subfolder=subfolder or None, revision=revision))
-        except EntryNotFoundError:
-            where = f"{src}" + (f" (subfolder {subfolder})" if subfolder else "")
-            raise CheckpointError(f"{where} has no config.json; it is not a model checkpoint") from None
-        except (HfHubHTTPError, LocalEntryNotFoundError, OSError, ValueError) as error:
-            reason = " ".join(str(error).split())
-            raise CheckpointError(
-                f"{src} is not a local folder and could not be read from the hub ({reason}); "
-                "check the path or hub id, the revision, or the network"
-            ) from None
+    if local.exists() or str(src).startswith((".", "/", "~")) or str(src).count("/") > 1:
+        raise GatedQwenError(f"{src} is not a folder; give a checkpoint folder or a hub id like owner/name")
     try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise CheckpointError(f"{path} is not valid JSON ({error}); the model config is corrupt or truncated") from None
-    if not isinstance(config, dict):
-        raise CheckpointError(f"{path} does not hold a JSON object; it is not a model config")
-    return config
-
-
-def _open_source(src, subfolder: str, revision: str | None) -> tuple[Path, dict[str, TensorInfo], Callable]:
-    """The source folder, its tensors' names, shapes and dtypes, and ``read(name, stored=False)``, which returns
-    the tensor, or with ``stored=True`` where its bytes lie (to be copied unread)."""
-    folder = _source_folder(src, subfolder, revision)
-    if not (folder / "config.json").is_file():
-        raise CheckpointError(f"{folder} has no config.json; it is not a model checkpoint folder")
-    files = local_weight_files(folder)
-    if not files:
-        if any((folder / name).is_file() for name in PICKLE_WEIGHTS) or any(folder.glob("pytorch_model-*.bin")):
-            raise CheckpointError(
-                f"{folder} has only pickle weights (pytorch_model.bin), which this version does not read; load it with "
-                "Qwen3GatedForCausalLM and save_pretrained it (safetensors), then export that"
-            )
-        raise CheckpointError(f"{folder} has no safetensors weights (model.safetensors or {SAFE_WEIGHTS_INDEX_NAME})")
-    tensors, places = {}, {}
-    for file in files:
-        tensors.update(read_local_safetensors_header(file))
-        offsets = read_local_safetensors_offsets(file)
-        places.update({name: StoredTensor(file, start, end) for name, (start, end) in offsets.items()})
-
-    def read(name: str, stored: bool = False):
-        if stored:
-            return places[name]
-        try:
-            # opened per tensor so that the file's memory map, and the pages it touched, go with it
-            with safe_open(os.fspath(places[name].file), framework="pt") as handle:
-                return handle.get_tensor(name)
-        except Exception as error:
-            raise CheckpointError(
-                f"could not read {name} from {places[name].file} ({error}); the file is corrupt or truncated"
-            ) from None
-
-    return folder, tensors, read
-
-
-def _write_tensors(staging: Path, plan: dict[str, TensorInfo], tensors_for, max_shard_size, progress: bool) -> list[str]:
-    """Write ``plan``'s tensors, produced one at a time by ``tensors_for(names)``, as sharded safetensors."""
-    from tqdm.auto import tqdm
-
-    split = _split_into_shards(plan, max_shard_size)
-    total_size = sum(info.nbytes for info in plan.values())
-    disable = None if progress else True  # None: a bar only on a terminal
-    with tqdm(total=total_size, unit="B", unit_scale=True, unit_divisor=1024, desc="exporting", disable=disable) as bar:
-        for filename, names in split.filename_to_tensors.items():
-            specs = {name: plan[name] for name in names}
-
-            def counted(tensors):
-                for name, tensor in zip(names, tensors):
-                    bar.update(plan[name].nbytes)
-                    yield tensor
-
-            _write_safetensors(staging / filename, specs, counted(tensors_for(names)))
-    if split.is_sharded:
-        index = {"metadata": {"total_size": total_size}, "weight_map": dict(sorted(split.tensor_to_filename.items()))}
-        (staging / SAFE_WEIGHTS_INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n")
-    return list(split.filename_to_tensors)
-
-
-def _write_folder(dst: Path, overwrite: bool, write: Callable[[Path], list[str]], verify: Callable[[Path], float] | None):
-    """Fill a temporary sibling of ``dst`` with ``write`` (and check it with ``verify``), then rename it to ``dst``."""
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    staging = dst.parent / f".{dst.name}.{uuid.uuid4().hex[:8]}.partial"
-    staging.mkdir()  # not tempfile.mkdtemp: its 0700 mode would become DST's
-    try:
-        files = write(staging)
-        max_difference = verify(staging) if verify is not None else None
-        if dst.exists():
-            replaced = dst.rename(staging.with_suffix(".old"))
-            staging.rename(dst)
-            shutil.rmtree(replaced)
-        else:
-            staging.rename(dst)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return files, max_difference
+        return read_json(hf_hub_download(str(src), CONFIG_NAME, subfolder=subfolder or None, revision=revision), "model config")
+    except EntryNotFoundError:
+        where = f"{src}" + (f" (subfolder {subfolder})" if subfolder else "")
+        raise CheckpointError(f"{where} has no config.json; it is not a model checkpoint") from None
+    except (HfHubHTTPError, LocalEntryNotFoundError, OSError, ValueError) as error:
+        reason = " ".join(str(error).split())
+        raise CheckpointError(
+            f"{src} is not a local folder and could not be read from the hub ({reason}); "
+            "check the path or hub id, the revision, or the network"
+        ) from None
 
 
 def parameter_counts(config_dict: dict) -> tuple[int, int]:

@@ -407,7 +407,7 @@ def test_existing_output_is_kept_unless_overwrite(tmp_path):
     write_released_checkpoint(source)
     out.mkdir()
     (out / "keep.txt").write_text("mine")
-    with pytest.raises(GatedQwenError, match="exists and is not empty"):
+    with pytest.raises(GatedQwenError, match="is not empty; choose another folder or pass --overwrite"):
         export_checkpoint(source, out, progress=False)
     assert (out / "keep.txt").read_text() == "mine"
     export_checkpoint(source, out, overwrite=True, progress=False)
@@ -449,9 +449,14 @@ def test_sharded_export_loads(tmp_path):
 
 
 def test_hub_source_downloads_config_weights_and_tokenizer_but_no_code(tmp_path, monkeypatch):
+    """A released arm on the hub (pytorch_model.bin, the authors' .py files beside it): config.json first, then
+    the weights, tokenizer and generation config; never the code."""
+    from types import SimpleNamespace
+
     snapshot = tmp_path / "snapshot"
     write_source(snapshot / "arm", "elementwise", 2, False, tokenizer=True)
     (snapshot / "arm" / "chat_template.jinja").write_text("{{ messages }}")
+    listing = {f"arm/{p.name}": p.stat().st_size for p in (snapshot / "arm").iterdir()}
     calls = []
 
     def fake_hf_hub_download(repo_id, filename, subfolder=None, revision=None, **kwargs):
@@ -466,16 +471,15 @@ def test_hub_source_downloads_config_weights_and_tokenizer_but_no_code(tmp_path,
 
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_hf_hub_download)
     monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot_download)
+    monkeypatch.setattr(huggingface_hub.HfApi, "list_repo_tree",
+                        lambda self, repo_id, path_in_repo=None, **k: [SimpleNamespace(path=p, size=n) for p, n in listing.items()])
     result = export_checkpoint("owner/model", tmp_path / "out", subfolder="arm", revision="v1", progress=False)
     assert (result.path / "tokenizer.json").is_file() and (result.path / "chat_template.jinja").is_file()
     (config_call, (_, repo_id, revision, patterns)) = calls
     assert config_call == ("config", "owner/model", "config.json", "arm", "v1") and (repo_id, revision) == ("owner/model", "v1")
-    wanted = [f"arm/{name}" for name in ("config.json", "model.safetensors", "model-00001-of-00002.safetensors",
-              "model.safetensors.index.json", "tokenizer.json", "tokenizer_config.json", "vocab.json",
-              "generation_config.json", "chat_template.jinja")]  # fmt: skip
-    unwanted = ("arm/modeling_qwen3.py", "arm/configuration_qwen3.py", "arm/README.md", "other/model.safetensors")
-    assert all(any(fnmatch(name, pattern) for pattern in patterns) for name in wanted)
-    assert not any(fnmatch(name, pattern) for pattern in patterns for name in unwanted)
+    fetched = sorted(name for name in listing if any(fnmatch(name, pattern) for pattern in patterns))
+    assert fetched == [f"arm/{name}" for name in ("chat_template.jinja", "config.json", "generation_config.json", "pytorch_model.bin",
+                                                  "tokenizer.json", "tokenizer_config.json")]  # fmt: skip
 
     # a refusal comes from config.json alone, before any weight is downloaded
     config = json.loads((snapshot / "arm" / "config.json").read_text())
