@@ -28,7 +28,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -45,6 +44,9 @@ from .errors import GatedQwenError
 from .modeling_qwen3_gated import Qwen3GatedForCausalLM
 from .names import GATE_TYPES
 
+ARCHITECTURE_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                     "num_attention_heads", "num_key_value_heads", "head_dim")
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"  # SIZES["1b"] names a file here
 STOCK_ARM = "qwen3"  # transformers' Qwen3ForCausalLM
 GATES = GATE_TYPES
 ARMS = (STOCK_ARM, *GATES)
@@ -62,11 +64,20 @@ def architecture(options: BenchmarkOptions) -> dict:
     """The config keys shared by all arms: the named size with ``overrides`` applied."""
     if options.size not in SIZES:
         raise GatedQwenError(f"unknown size {options.size!r}; choose one of {', '.join(SIZES)}")
+    size = SIZES[options.size]
+    if isinstance(size, str):  # a file of the repository's configs/
+        if not (CONFIGS / size).is_file():
+            raise GatedQwenError(
+                f"--size {options.size} reads configs/{size} from a checkout of the gated-qwen repository, "
+                f"and {CONFIGS} has none; run from a checkout, or give the keys with --set"
+            )
+        released = Qwen3GatedConfig.from_json_file(CONFIGS / size)
+        size = {key: getattr(released, key) for key in ARCHITECTURE_KEYS}
     unknown = sorted(set(options.overrides) - set(Qwen3GatedConfig.__dataclass_fields__))
     if unknown:
         raise GatedQwenError(f"{', '.join(unknown)}: not a Qwen3 config key; see transformers' Qwen3Config")
     return {
-        **SIZES[options.size],
+        **size,
         "tie_word_embeddings": True,
         "max_position_embeddings": max(4096, options.prompt_length + options.new_tokens),
         "attn_implementation": options.attn_implementation,
@@ -441,9 +452,9 @@ def run_benchmark(options: BenchmarkOptions, log: Callable[[str], None] = lambda
         log("measuring prefill and decode of the four arms")
         result["models"] = measure_models(options)
     if options.loading or options.conversion:
-        if options.scratch_dir:
-            Path(options.scratch_dir).mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(prefix="gated-qwen-bench-", dir=options.scratch_dir) as scratch:
+        from .outputs import scratch_folder
+
+        with scratch_folder(options.scratch_dir, name="gated-qwen-bench") as scratch:  # a killed run's is removed by the next
             log("writing the stock and gated checkpoints")
             checkpoints = write_checkpoints(options, Path(scratch))
             if options.loading:

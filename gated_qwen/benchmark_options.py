@@ -12,14 +12,15 @@ from dataclasses import dataclass, field
 
 # Architectures by name. "100m" keeps the released arms' proportions (head_dim 128, two query heads
 # per kv head, H*D = hidden, MLP 3x hidden) at about 108M parameters with a 32k vocabulary; "1b" is the
-# released architecture itself (shared/RELEASED_FORMAT.md); "tiny" is for tests.
+# released architecture itself, read from the repository's configs/1B_baseline.json (the measured
+# one: vocabulary 152064, MLP 6144; all arms share it, so the elementwise arm here keeps that MLP
+# rather than the released elementwise arm's 5504); "tiny" is for tests.
 SIZES = {
     "tiny": dict(vocab_size=256, hidden_size=64, intermediate_size=192, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2, head_dim=16),
     "100m": dict(vocab_size=32000, hidden_size=1024, intermediate_size=3072, num_hidden_layers=6,
                  num_attention_heads=8, num_key_value_heads=4, head_dim=128),
-    "1b": dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=28,
-               num_attention_heads=16, num_key_value_heads=8, head_dim=128),
+    "1b": "1B_baseline.json",
 }
 DTYPES = ("float32", "bfloat16", "float16")
 

@@ -188,44 +188,41 @@ def format_table(results_by_arm: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
-def check_output_folder(folder: str | Path, overwrite: bool = False) -> Path:
-    """``folder`` if results may be written there: refuses one that already holds results, unless ``overwrite``."""
-    folder = Path(folder)
-    if folder.exists() and not folder.is_dir():
-        raise GatedQwenError(f"--output-path {folder} exists and is not a folder")
-    existing = [name for name in RESULTS_FILES if (folder / name).exists()]
-    if existing and not overwrite:
-        raise GatedQwenError(f"{folder} already holds {', '.join(existing)}; pass --overwrite or another --output-path")
-    return folder
+def output_folder(folder: str | Path, overwrite: bool = False):
+    """Where ``write_results`` puts ``results.json`` and ``results.md``: checked now, before any evaluation.
+
+    The folder may hold other files; earlier results are replaced only with ``overwrite``
+    (:class:`gated_qwen.outputs.OutputFolder`, the one mechanism every command writes through).
+
+    >>> output = output_folder("eval_out")  # doctest: +SKIP
+    """
+    from .outputs import OutputFolder
+
+    return OutputFolder(
+        folder, overwrite=overwrite, merge=True, names=RESULTS_FILES, advice="pass --overwrite or another --output-path"
+    )
 
 
-def write_results(folder: str | Path, report: dict, table: str) -> list[Path]:
-    """Write ``results.json`` (every number the harness returned, per arm) and ``results.md`` into ``folder``.
+def write_results(output, report: dict, table: str) -> list[Path]:
+    """Write ``results.json`` (every number the harness returned, per arm) and ``results.md`` into ``output``.
 
-    The one place evaluation writes files: each file is written beside its final name and renamed, so it
-    is whole or absent.
+    ``output`` is an :func:`output_folder`: both files appear together, whole, or neither does.
 
-    >>> write_results("eval_out", {"arms": {}}, "| task |")  # doctest: +SKIP
+    >>> write_results(output_folder("eval_out"), {"arms": {}}, "| task |")  # doctest: +SKIP
     [PosixPath('eval_out/results.json'), PosixPath('eval_out/results.md')]
     """
     from lm_eval.utils import handle_non_serializable
 
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    written = []
-    for name, text in (
-        ("results.json", json.dumps(report, indent=2, default=handle_non_serializable, ensure_ascii=False) + "\n"),
-        ("results.md", table + "\n"),
-    ):
-        partial = folder / f".{name}.partial"
-        partial.write_text(text, encoding="utf-8")
-        partial.replace(folder / name)
-        written.append(folder / name)
-    return written
+    with output as staging:
+        (staging / "results.json").write_text(
+            json.dumps(report, indent=2, default=handle_non_serializable, ensure_ascii=False) + "\n", encoding="utf-8"
+        )
+        (staging / "results.md").write_text(table + "\n", encoding="utf-8")
+    return [output.destination / name for name in RESULTS_FILES]
 
 
 __all__ = [
-    "check_output_folder",
+    "output_folder",
     "task_manager",
     "evaluate",
     "format_table",

@@ -32,7 +32,7 @@ from transformers.generation import GenerationMixin
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.utils import logging
 
-from .checkpoint import HUB_KWARGS, check_q_proj_layout, read_local_safetensors_header, resolve_weight_files
+from .checkpoint import HUB_KWARGS, check_q_proj_layout, read_weight_file_header, resolve_weight_files
 from .configuration_qwen3_gated import Qwen3GatedConfig
 from .errors import CheckpointError
 from .integrations import register_with_transformers
@@ -137,10 +137,14 @@ class Qwen3GatedPreTrainedModel(Qwen3PreTrainedModel):
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args, strict: bool = True, **kwargs):
         """transformers' ``from_pretrained``, strict where a mismatch means the config does not describe the weights.
 
+        Reads the released arms as they are (``model_type "qwen2"``, one ``pytorch_model.bin``, which
+        transformers reads with ``torch.load(weights_only=True)``), stock Qwen3 checkpoints (gate
+        ``"none"``) and checkpoints saved here. Python files beside the weights are never imported.
+
         Errors (:class:`~gated_qwen.errors.CheckpointError`), unless ``strict=False``:
 
-        * a q_proj whose rows do not fit the config's gate type (checked from the weight files' headers
-          before any weight is read);
+        * a q_proj whose rows do not fit the config's gate type (checked before any weight is read, from
+          the safetensors headers or a ``.bin``'s pickle without its data);
         * a checkpoint that holds part of the decoder but not all of it (layers, norms, biases missing),
           or decoder weights the config has no place for (QK-norm, biases, extra layers);
         * a causal-LM checkpoint (decoder under ``model.`` and no other head) without ``lm_head`` while
@@ -151,8 +155,8 @@ class Qwen3GatedPreTrainedModel(Qwen3PreTrainedModel):
         bare-model checkpoint into the causal LM, a new classifier's ``score``, ``lm_head`` when loading into
         a classifier), an explicit ``state_dict``, a checkpoint that holds none of the model's weights, and
         sizes that differ under ``ignore_mismatched_sizes=True`` (q_proj's gate rows excepted: still an
-        error). ``strict=False`` is transformers' behaviour in every case. Python files beside the weights
-        are never imported and ``trust_remote_code=True`` is refused.
+        error). ``strict=False`` is transformers' behaviour in every case. ``trust_remote_code=True`` is
+        refused.
 
         >>> model = Qwen3GatedForCausalLM.from_pretrained("path/to/1B_gate_headwise")  # doctest: +SKIP
         >>> model = Qwen3GatedForCausalLM.from_pretrained("path/to/bare_model", strict=False)  # doctest: +SKIP
@@ -176,7 +180,7 @@ class Qwen3GatedPreTrainedModel(Qwen3PreTrainedModel):
                 )
             tensors = {}
             for file in resolve_weight_files(pretrained_model_name_or_path, **kwargs):
-                tensors.update(read_local_safetensors_header(file))
+                tensors.update(read_weight_file_header(file))
             check_q_proj_layout(config, tensors, str(pretrained_model_name_or_path))
 
         model, loading_info = super().from_pretrained(
@@ -194,7 +198,7 @@ def check_loaded_weights(model, loading_info: dict, checkpoint_keys: set[str] | 
     names in the checkpoint (None when unknown). The rule is :meth:`Qwen3GatedPreTrainedModel.from_pretrained`'s.
 
     >>> model, info = Qwen3GatedForCausalLM.from_pretrained(folder, strict=False, output_loading_info=True)  # doctest: +SKIP
-    >>> check_loaded_weights(model, info, set(read_local_safetensors_header(folder / "model.safetensors")), str(folder))  # doctest: +SKIP
+    >>> check_loaded_weights(model, info, set(read_weight_file_header(folder / "model.safetensors")), str(folder))  # doctest: +SKIP
     """
     base = model.base_model
     prefix = "" if base is model else f"{model.base_model_prefix}."

@@ -14,6 +14,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")  # auto: the dtype the check
 ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa", "flex_attention", "flash_attention_2")
 GATE_TYPES = ("none", "headwise", "elementwise")
 CONVERSION_GATES = ("headwise", "elementwise")  # the gates the converter adds to a stock Qwen3
+CHECKPOINT_CONVERSION_GATES = (*CONVERSION_GATES, "keep")  # keep: re-save a gated checkpoint's own gate
 CONVERSION_INITS = ("identity", "random")
 
 
@@ -37,4 +38,4 @@ def model_label(model: str, subfolder: str, taken: set[str]) -> str:
     return label
 
 
-__all__ = ["ATTENTION_IMPLEMENTATIONS", "CONVERSION_GATES", "CONVERSION_INITS", "DEVICES", "DTYPES", "GATE_TYPES", "model_label"]
+__all__ = ["ATTENTION_IMPLEMENTATIONS", "CHECKPOINT_CONVERSION_GATES", "CONVERSION_GATES", "CONVERSION_INITS", "DEVICES", "DTYPES", "GATE_TYPES", "model_label"]

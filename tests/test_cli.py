@@ -10,7 +10,7 @@ import pytest
 
 from gated_qwen.cli import build_parser, main
 
-COMMANDS = ("analyze", "bench", "convert", "eval", "generate", "inspect", "train")
+COMMANDS = ("analyze", "bench", "convert", "eval", "export", "generate", "inspect", "train")
 
 # Runs in a fresh interpreter: every --help and --version, then reports which heavy modules got imported.
 PROBE = """

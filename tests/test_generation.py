@@ -332,6 +332,54 @@ def test_attention_that_fails_to_compile_is_one_message(checkpoint, monkeypatch)
         list(generation.generate(model, tokenizer, ["Hello"], config))
 
 
+# ---------------------------------------------------------------------------------------------- a released arm as downloaded
+
+
+@pytest.fixture(scope="module")
+def released_arm(tmp_path_factory) -> Path:
+    """An arm as the hub has it: qwen2 label, pytorch_model.bin, Qwen's tokenizer without BOS or pad, vocabulary 152064."""
+    from conftest import write_released_arm
+
+    folder = tmp_path_factory.mktemp("released") / "1B_gate_headwise"
+    write_released_arm(folder, gate="headwise", dtype=torch.bfloat16, gate_scale=3.0)
+    return folder
+
+
+def test_released_arm_with_qwen_tokenizer_batches_like_one_at_a_time(released_arm, capsys):
+    tokenizer = AutoTokenizer.from_pretrained(released_arm)
+    assert tokenizer.bos_token is None and tokenizer.pad_token is None  # as released: batching must still work
+    common = ("--model", released_arm, "--json", "--greedy", "--max-new-tokens", 8, *PROMPTS)
+    code, batched_out, err = run_generate(capsys, "--batch-size", 3, *common)
+    assert code == 0, err
+    _, single_out, _ = run_generate(capsys, "--batch-size", 1, *common)
+    batched, single = json_records(batched_out), json_records(single_out)
+    assert len({len(tokenizer(p)["input_ids"]) for p in PROMPTS}) > 1  # padding happens
+    assert [(r["completion"], r["new_tokens"]) for r in batched] == [(r["completion"], r["new_tokens"]) for r in single]
+    assert all(r["new_tokens"] > 0 for r in batched)
+    assert single[0]["completion"] == reference_completion(released_arm, PROMPTS[0], 8)
+
+
+class Payload:
+    """Unpickling this runs code: it makes the folder it names."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        import os
+
+        return (os.mkdir, (self.path,))
+
+
+def test_a_malicious_bin_is_one_line_not_a_traceback(tmp_path, capsys):
+    spec = write_released_checkpoint(tmp_path / "arm", vocab_size=320)
+    write_tiny_tokenizer(tmp_path / "arm")
+    torch.save({**spec["tensors"], "lm_head.weight": Payload(tmp_path / "payload-ran")}, tmp_path / "arm" / "pytorch_model.bin")
+    code, out, err = run_generate(capsys, "--model", tmp_path / "arm", "Hello")
+    assert_one_line_error(code, out, err, "pytorch_model.bin holds a pickle that is not plain tensors", "nothing in it ran")
+    assert not (tmp_path / "payload-ran").exists()
+
+
 def test_the_first_command_gives_the_same_text_every_run(capsys):
     """README's first command: the embedded model samples (its generation config), seeded with 0 by default."""
     if default_models.default_model_path() is None:

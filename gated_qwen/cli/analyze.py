@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 
@@ -29,8 +26,8 @@ def add_parser(subparsers) -> None:
         "--subfolder", nargs="+", default=[""], metavar="S",
         help="folder inside the repo or path: one for all models, or one per model in order (MODEL, then --compare)",
     )
-    parser.add_argument("--out", default="analysis", metavar="DIR", help="output folder (default: ./analysis)")
-    parser.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    parser.add_argument("--out", default="analysis", metavar="DIR", help="output folder: missing or empty unless --overwrite (default: ./analysis)")
+    parser.add_argument("--overwrite", action="store_true", help="replace the contents of a non-empty --out")
     parser.add_argument("--layers", type=int, nargs="+", metavar="L", help="layers whose attention maps to draw (default: first, middle, last)")
     parser.add_argument("--max-tokens", type=int, default=256, help="tokens of the text the gates, sinks and activations are measured on (default 256)")
     parser.add_argument("--skip-queries", type=int, default=0, help="leave the first N queries out of the first-token attention (default 0)")
@@ -136,8 +133,13 @@ def run(args) -> int:
     from ..errors import GatedQwenError
     from ..generation import check_tokenizer_files, load_model_and_tokenizer, local_checkpoint_folder
     from ..names import model_label
+    from ..outputs import OutputFolder
     from ..verbosity import quiet_transformers
 
+    for option, least in (("batch_size", 1), ("max_tokens", 1), ("context", 2), ("stride", 1), ("skip_queries", 0)):
+        value = getattr(args, option)
+        if value is not None and value < least:
+            raise GatedQwenError(f"--{option.replace('_', '-')} must be at least {least}, not {value}")
     models = [args.model, *args.compare]
     if len(args.subfolder) not in (1, len(models)):
         raise GatedQwenError(f"--subfolder takes one folder for all models or one per model ({len(models)}), not {len(args.subfolder)}")
@@ -152,9 +154,7 @@ def run(args) -> int:
     for model_name, subfolder in zip(models, subfolders):  # every source checked before any model is loaded
         local_checkpoint_folder(model_name, subfolder)
         check_tokenizer_files(model_name, subfolder)
-    out = Path(args.out)
-    if out.exists() and not args.overwrite:
-        raise GatedQwenError(f"{out} already exists; pass --overwrite to replace it or choose another --out")
+    output = OutputFolder(args.out, overwrite=args.overwrite)  # checked before any model is loaded
     if not args.no_plots:
         from ..analysis import _pyplot
 
@@ -171,20 +171,12 @@ def run(args) -> int:
         numbers[label]["source"] = {"model": model_name, "subfolder": subfolder}
         del model
 
-    # Everything is written to a fresh sibling folder first, so a failure leaves no half-written --out.
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with output as staging:  # --out is put in place whole at the end, or left as it was (gated_qwen.outputs)
         figures = [] if args.no_plots else _write_figures(staging, numbers, tensors)
         arguments = {key: value for key, value in vars(args).items() if key != "run"}
         report = {"arguments": arguments, "figures": figures, "models": numbers}
         (staging / "analysis.json").write_text(json.dumps(report, indent=2))
-        if out.exists():
-            shutil.rmtree(out) if out.is_dir() else os.remove(out)
-        os.replace(staging, out)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+    out = Path(args.out)
     _print_table(numbers)
     print(f"wrote {out / 'analysis.json'}" + (f" and {', '.join(figures)}" if figures else ""), file=sys.stderr)
     return 0

@@ -40,7 +40,7 @@ def add_parser(subparsers) -> None:
 
 def run(args) -> int:
     from ..errors import GatedQwenError
-    from ..evaluation import check_output_folder, evaluate, format_table, task_manager, write_results
+    from ..evaluation import evaluate, format_table, output_folder, task_manager, write_results
     from ..generation import check_tokenizer_files, load_model_and_tokenizer, local_checkpoint_folder
     from ..names import model_label
     from ..verbosity import quiet_transformers
@@ -53,7 +53,7 @@ def run(args) -> int:
         raise GatedQwenError(f"--subfolder takes one folder for all models or one per model ({len(models)}), not {len(args.subfolder)}")
     subfolders = args.subfolder * len(models) if len(args.subfolder) == 1 else args.subfolder
     limit = int(args.limit) if args.limit is not None and args.limit >= 1 else args.limit
-    output = check_output_folder(args.output_path, args.overwrite) if args.output_path else None
+    output = output_folder(args.output_path, args.overwrite) if args.output_path else None
     # Everything that can be checked is checked before the first model loads: tasks, then every source.
     manager = task_manager(args.include_path, tasks)
     for model_name, subfolder in zip(models, subfolders):
