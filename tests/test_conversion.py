@@ -6,7 +6,6 @@ import hashlib
 import json
 import subprocess
 import sys
-from contextlib import contextmanager
 from fnmatch import fnmatch
 from pathlib import Path
 from types import SimpleNamespace
@@ -23,7 +22,7 @@ from transformers import (
     Qwen3Model,
 )
 
-from conftest import write_released_checkpoint, write_tiny_tokenizer
+from conftest import write_released_arm, write_released_checkpoint, write_tiny_tokenizer
 from gated_qwen import (
     Qwen3GatedForCausalLM,
     Qwen3GatedForSequenceClassification,
@@ -255,18 +254,12 @@ def test_on_disk_reads_only_the_tensors_it_changes(tmp_path, monkeypatch):
     """Unchanged tensors are copied as stored bytes: only q_proj and o_proj pass through torch."""
     from safetensors.torch import load_file
 
-    import gated_qwen.conversion as conversion
+    from gated_qwen.checkpoint import CheckpointTensors
 
     source = write_stock_checkpoint(tmp_path / "stock", max_shard_size="40KB")
     read = []
-    real_safe_open = conversion.safe_open
-
-    @contextmanager
-    def recording_safe_open(*args, **kwargs):
-        with real_safe_open(*args, **kwargs) as handle:
-            yield SimpleNamespace(get_tensor=lambda name: read.append(name) or handle.get_tensor(name))
-
-    monkeypatch.setattr(conversion, "safe_open", recording_safe_open)
+    real_get = CheckpointTensors.get
+    monkeypatch.setattr(CheckpointTensors, "get", lambda self, name: read.append(name) or real_get(self, name))
     result = convert_checkpoint(source, tmp_path / "gated", max_shard_size="50KB", progress=False)
     assert read and all(name.endswith(("q_proj.weight", "o_proj.weight")) for name in read)
     assert len(read) == 2 * stock_config().num_hidden_layers
@@ -280,7 +273,7 @@ def test_on_disk_reads_only_the_tensors_it_changes(tmp_path, monkeypatch):
 
 def test_on_disk_copies_without_copy_file_range(tmp_path, monkeypatch):
     """Where the kernel cannot copy between the files, chunked reads give the same checkpoint."""
-    import gated_qwen.conversion as conversion
+    import gated_qwen.checkpoint as checkpoint
 
     source = write_stock_checkpoint(tmp_path / "stock", attention_bias=True)
     kernel = convert_checkpoint(source, tmp_path / "kernel", progress=False)
@@ -288,8 +281,8 @@ def test_on_disk_copies_without_copy_file_range(tmp_path, monkeypatch):
     def refuse(*args, **kwargs):
         raise OSError(18, "Invalid cross-device link")
 
-    monkeypatch.setattr(conversion.os, "copy_file_range", refuse, raising=False)
-    monkeypatch.setattr(conversion, "COPY_CHUNK_SIZE", 1000)  # several chunks per tensor
+    monkeypatch.setattr(checkpoint.os, "copy_file_range", refuse, raising=False)
+    monkeypatch.setattr(checkpoint, "COPY_CHUNK_SIZE", 1000)  # several chunks per tensor
     chunked = convert_checkpoint(source, tmp_path / "chunked", progress=False)
     assert digests(chunked.path) == digests(kernel.path)
 
@@ -359,7 +352,8 @@ def test_on_disk_random_init_and_verify(tmp_path):
 
 
 def test_released_baseline_converts(tmp_path):
-    """The released no-gate arm (model_type qwen3, qkv_bias, biases on o_proj too) converts exactly."""
+    """A no-gate arm in the released layout (model_type qwen2, pytorch_model.bin; here with qkv_bias, so
+    biases on o_proj too, and without QK-norm) converts exactly."""
     source = tmp_path / "baseline"
     write_released_checkpoint(source, gate="none", qkv_bias=True, use_qk_norm=False)
     result = convert_checkpoint(source, tmp_path / "gated", gate="headwise", progress=False)
@@ -371,17 +365,30 @@ def test_released_baseline_converts(tmp_path):
         assert torch.equal(converted(ids).logits, reference(ids).logits)
 
 
-def test_hub_source_downloads_only_needed_files(tmp_path, monkeypatch):
-    write_stock_checkpoint(tmp_path / "snapshot" / "arm")
+def fake_hub(monkeypatch, snapshot: Path, listing: dict[str, int]):
+    """A hub whose repository lists ``listing`` (path: size) and whose snapshot is the folder ``snapshot``;
+    returns the recorded snapshot_download calls."""
+    import huggingface_hub
+
     calls = []
 
     def fake_snapshot_download(repo_id, revision=None, allow_patterns=None):
         calls.append((repo_id, revision, allow_patterns))
-        return str(tmp_path / "snapshot")
+        return str(snapshot)
 
-    import huggingface_hub
+    def fake_list_repo_tree(self, repo_id, path_in_repo=None, revision=None, **kwargs):
+        return [SimpleNamespace(path=path, size=size) for path, size in listing.items()]
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot_download)
+    monkeypatch.setattr(huggingface_hub.HfApi, "list_repo_tree", fake_list_repo_tree)
+    monkeypatch.setattr("gated_qwen.checkpoint.resolve_source", lambda *args: None)  # the hub probe (tests/test_hub.py)
+    return calls
+
+
+def test_hub_source_downloads_only_needed_files(tmp_path, monkeypatch):
+    write_stock_checkpoint(tmp_path / "snapshot" / "arm")
+    listing = {"arm/config.json": 1, "arm/model.safetensors": 9, "arm/pytorch_model.bin": 9, "arm/modeling_qwen3.py": 1}
+    calls = fake_hub(monkeypatch, tmp_path / "snapshot", listing)
     result = convert_checkpoint("owner/model", tmp_path / "gated", subfolder="arm", revision="v1", progress=False)
     assert (result.path / "config.json").is_file()
     ((repo_id, revision, patterns),) = calls
@@ -391,6 +398,19 @@ def test_hub_source_downloads_only_needed_files(tmp_path, monkeypatch):
     unwanted = ("arm/modeling_qwen3.py", "arm/pytorch_model.bin", "arm/README.md", "other/model.safetensors")
     assert all(any(fnmatch(name, pattern) for pattern in patterns) for name in wanted)
     assert not any(fnmatch(name, pattern) for pattern in patterns for name in unwanted)
+
+
+def test_hub_released_arm_downloads_its_bin_and_no_code(tmp_path, monkeypatch):
+    """A released arm on the hub has only pytorch_model.bin: that is fetched, never the .py files beside it."""
+    write_released_arm(tmp_path / "snapshot" / "1B_gate_headwise", vocab_size=300)
+    listing = {f"1B_gate_headwise/{p.name}": p.stat().st_size for p in (tmp_path / "snapshot" / "1B_gate_headwise").iterdir()}
+    calls = fake_hub(monkeypatch, tmp_path / "snapshot", listing)
+    result = convert_checkpoint("QwQZh/gated_attention", tmp_path / "clean", gate="keep", subfolder="1B_gate_headwise", progress=False)
+    ((_, _, patterns),) = calls
+    fetched = sorted(name for name in listing if any(fnmatch(name, pattern) for pattern in patterns))
+    assert fetched == [f"1B_gate_headwise/{n}" for n in ("config.json", "generation_config.json", "pytorch_model.bin",
+                                                          "tokenizer.json", "tokenizer_config.json", "vocab.json")]
+    assert result.gate == "headwise"
 
 
 # ---------------------------------------------------------------------------------------------- bad input
@@ -427,9 +447,28 @@ def to_pickle(folder: Path) -> None:
     torch.save(state, folder / "pytorch_model.bin")
 
 
+class Payload:
+    """Unpickling this runs code: it makes the folder it names."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        import os
+
+        return (os.mkdir, (self.path,))
+
+
+def to_malicious_pickle(folder: Path) -> None:
+    to_pickle(folder)
+    state = torch.load(folder / "pytorch_model.bin", weights_only=True)
+    state["model.norm.weight"] = Payload(folder.parent / "payload-ran")
+    torch.save(state, folder / "pytorch_model.bin")
+
+
 def gated_weights_stock_config(folder: Path) -> None:
     """Gated q_proj rows behind a config without a gate: refused, not silently re-gated."""
-    write_released_checkpoint(folder / "released", gate="headwise", vocab_size=300)
+    write_released_checkpoint(folder / "released", gate="headwise", vocab_size=300, weights="safetensors")
     (folder / "released" / "model.safetensors").replace(folder / "model.safetensors")
     config = json.loads((folder / "config.json").read_text())
     config.update(hidden_size=32, num_hidden_layers=2)
@@ -455,12 +494,12 @@ def garbled_config(folder: Path) -> None:
         (drop_shard, "40KB", "missing"),
         (to_llama, "1GB", "'llama' model, not Qwen3"),
         (to_gated, "1GB", "already gated"),
-        (to_pickle, "1GB", "only pickle weights"),
+        (to_malicious_pickle, "1GB", "pickle that is not plain tensors"),
         (gated_weights_stock_config, "1GB", "shape of a 'headwise' gate"),
         (drop_layer, "1GB", "missing: model.layers.2"),
         (garbled_config, "1GB", "not valid JSON"),
     ],
-    ids=["corrupt", "truncated", "missing-shard", "not-qwen3", "already-gated", "pickle", "gated-rows", "layers", "config"],
+    ids=["corrupt", "truncated", "missing-shard", "not-qwen3", "already-gated", "malicious-pickle", "gated-rows", "layers", "config"],
 )
 def test_bad_source_is_refused_without_leftovers(tmp_path, damage, shard, message):
     source = write_stock_checkpoint(tmp_path / "stock", max_shard_size=shard)
@@ -472,12 +511,29 @@ def test_bad_source_is_refused_without_leftovers(tmp_path, damage, shard, messag
     assert sorted(p.name for p in tmp_path.iterdir()) == ["stock"]
 
 
-def test_pickle_source_is_never_unpickled(tmp_path, monkeypatch):
+def test_pickle_source_converts_like_safetensors_and_only_safely(tmp_path, monkeypatch):
+    """pytorch_model.bin sources (the released layout) convert to the same tensors, read only with weights_only=True."""
+    from safetensors.torch import load_file
+
     source = write_stock_checkpoint(tmp_path / "stock")
+    from_safetensors = convert_checkpoint(source, tmp_path / "from-safetensors", progress=False)
     to_pickle(source)
-    monkeypatch.setattr(torch, "load", lambda *a, **k: pytest.fail("torch.load was called"))
-    with pytest.raises(CheckpointError, match="save_pretrained"):
+    loads = []
+    real_load = torch.load
+    monkeypatch.setattr(torch, "load", lambda *a, **k: loads.append(k.get("weights_only")) or real_load(*a, **k))
+    from_pickle = convert_checkpoint(source, tmp_path / "from-pickle", progress=False)
+    assert loads and all(weights_only is True for weights_only in loads)
+    assert load_file(from_pickle.path / "model.safetensors").keys() == load_file(from_safetensors.path / "model.safetensors").keys()
+    for name, tensor in load_file(from_pickle.path / "model.safetensors").items():
+        assert torch.equal(tensor, load_file(from_safetensors.path / "model.safetensors")[name]), name
+
+
+def test_malicious_pickle_payload_never_runs(tmp_path):
+    source = write_stock_checkpoint(tmp_path / "stock")
+    to_malicious_pickle(source)
+    with pytest.raises(CheckpointError, match="pytorch_model.bin holds a pickle that is not plain tensors"):
         convert_checkpoint(source, tmp_path / "gated", progress=False)
+    assert not (tmp_path / "payload-ran").exists()
 
 
 def test_existing_destination_needs_overwrite(tmp_path):
@@ -557,3 +613,39 @@ def test_script_is_the_cli(tmp_path):
     assert completed.returncode == 0, completed.stderr
     assert "headwise gate, identity init" in completed.stdout
     assert Qwen3GatedForCausalLM.from_pretrained(tmp_path / "gated").config.gate_type == "headwise"
+
+
+# ---------------------------------------------------------------------------------------------- re-saving released arms
+
+
+@pytest.mark.parametrize("gate", ["none", "headwise", "elementwise"])
+def test_keep_resaves_a_released_arm_bit_for_bit(tmp_path, gate):
+    """`convert --gate keep`: a released arm (qwen2 label, pytorch_model.bin, Qwen tokenizer) becomes a clean
+    gated-qwen checkpoint (sharded safetensors, qwen3_gated) whose logits equal the source's exactly."""
+    source = tmp_path / "arm"
+    write_released_arm(source, gate=gate, dtype=torch.bfloat16)
+    before = digests(source)
+    assert main(["convert", str(source), str(tmp_path / "clean"), "--gate", "keep", "--max-shard-size", "4MB", "--quiet"]) == 0
+    assert digests(source) == before
+    clean = tmp_path / "clean"
+    config = json.loads((clean / "config.json").read_text())
+    assert config["model_type"] == "qwen3_gated" and "auto_map" not in config
+    assert (config["headwise_attn_output_gate"], config["elementwise_attn_output_gate"]) == (gate == "headwise", gate == "elementwise")
+    assert config["use_qk_norm"] is True and config["qkv_bias"] is False and config["head_dim"] == 8 and config["dtype"] == "bfloat16"
+    assert len(list(clean.glob("model-*.safetensors"))) > 1 and (clean / "model.safetensors.index.json").is_file()
+    assert not list(clean.glob("*.py")) and not list(clean.glob("*.bin"))
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.json", "generation_config.json"):
+        assert (clean / name).read_bytes() == (source / name).read_bytes(), name
+
+    reference = Qwen3GatedForCausalLM.from_pretrained(source, dtype="auto")
+    resaved = AutoModelForCausalLM.from_pretrained(clean, dtype="auto")  # a qwen3_gated checkpoint: the Auto classes take it
+    assert type(resaved) is Qwen3GatedForCausalLM and resaved.dtype == torch.bfloat16
+    ids = torch.randint(152064, (2, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(resaved(ids).logits, reference(ids).logits)
+
+
+def test_keep_on_a_stock_qwen3_writes_gate_none(tmp_path):
+    source = write_stock_checkpoint(tmp_path / "stock")
+    result = convert_checkpoint(source, tmp_path / "clean", gate="keep", progress=False)
+    assert result.gate == "none" and Qwen3GatedForCausalLM.from_pretrained(result.path).config.gate_type == "none"

@@ -4,22 +4,28 @@ from __future__ import annotations
 
 
 def add_parser(subparsers) -> None:
-    from ..conversion import GATES, INITS
-    from ..devices import DTYPES
+    from ..names import CHECKPOINT_CONVERSION_GATES, CONVERSION_INITS, DTYPES
 
     parser = subparsers.add_parser(
         "convert",
-        help="convert a stock Qwen3 checkpoint into a gated one",
-        description="Stream a Qwen3 checkpoint (a folder or a hub id) tensor by tensor into a Qwen3Gated "
-        "checkpoint: q_proj grows by the gate rows; with --init identity (default) the converted model "
-        "computes exactly what the source did. SRC is only read; DST is written atomically.",
+        help="convert a Qwen3 checkpoint into a gated one, or re-save a released arm as safetensors",
+        description="Stream a Qwen3 checkpoint (a folder or a hub id; safetensors or pytorch_model.bin) tensor by "
+        "tensor into a Qwen3Gated checkpoint: q_proj grows by the gate rows; with --init identity (default) the "
+        "converted model computes exactly what the source did. --gate keep keeps the source's own gate and "
+        "changes no tensor: a released arm becomes a clean gated-qwen checkpoint (safetensors, model_type "
+        "qwen3_gated), loaded fast from then on. SRC is only read; DST is written atomically.",
     )
     parser.add_argument("src", metavar="SRC", help="a Qwen3 checkpoint folder or a hub id, e.g. Qwen/Qwen3-0.6B")
     parser.add_argument("dst", metavar="DST", help="the folder to write (must not exist or be empty, unless --overwrite)")
-    parser.add_argument("--gate", choices=GATES, default="headwise", help="gate type (default: headwise)")
+    parser.add_argument(
+        "--gate",
+        choices=CHECKPOINT_CONVERSION_GATES,
+        default="headwise",
+        help="gate type to add (default: headwise); keep: the source's own gate, re-saved unchanged",
+    )
     parser.add_argument(
         "--init",
-        choices=INITS,
+        choices=CONVERSION_INITS,
         default="identity",
         help="identity: zero gate rows and doubled o_proj, the same outputs bit for bit (default); "
         "random: gate rows drawn like the model's initializer",
@@ -52,8 +58,9 @@ def run(args) -> int:
         verify=args.verify,
         progress=not args.quiet,
     )
+    how = f"{result.gate} gate kept" if args.gate == "keep" else f"{args.gate} gate, {args.init} init"
     print(
-        f"wrote {result.path}: {args.gate} gate, {args.init} init, {result.total_size / 1e6:,.1f} MB in "
+        f"wrote {result.path}: {how}, {result.total_size / 1e6:,.1f} MB in "
         f"{len(result.files)} file{'s' if len(result.files) > 1 else ''}"
     )
     if result.max_difference is not None:

@@ -7,8 +7,8 @@ import json
 
 
 def add_parser(subparsers) -> None:
-    from ..conversion import INITS
-    from ..training import DEFAULT_VOCAB_SIZE, TRAINABLE, TrainingArguments
+    from ..names import CONVERSION_INITS, GATE_TYPES
+    from ..training_args import DEFAULT_VOCAB_SIZE, TRAINABLE, TrainingArguments
 
     defaults = TrainingArguments(train_file="", output_dir="")
     parser = subparsers.add_parser(
@@ -27,7 +27,7 @@ def add_parser(subparsers) -> None:
     data.add_argument("--seq-len", type=int, default=defaults.seq_len, help="tokens per row (default %(default)s)")
     model = parser.add_argument_group("model")
     model.add_argument("--config", help="from scratch: a config.json for the architecture, e.g. configs/small_4M.json")
-    model.add_argument("--gate", choices=("none", "headwise", "elementwise"),
+    model.add_argument("--gate", choices=GATE_TYPES,
                        help="from scratch: the gate (overrides the config); with --init-from: convert a checkpoint "
                        "without a gate to this one")
     model.add_argument("--init-from", metavar="CHECKPOINT",
@@ -35,7 +35,7 @@ def add_parser(subparsers) -> None:
                        "instead of training from scratch")
     model.add_argument("--subfolder", default="", help="the --init-from checkpoint's subfolder (e.g. 1B_baseline)")
     model.add_argument("--revision", help="the --init-from checkpoint's hub revision")
-    model.add_argument("--init", choices=INITS,
+    model.add_argument("--init", choices=CONVERSION_INITS,
                        help="how --gate converts the --init-from checkpoint: identity (zero gate rows, the same "
                        "outputs; the default) or random")
     model.add_argument("--trainable", choices=TRAINABLE, default=defaults.trainable,
@@ -68,7 +68,8 @@ def add_parser(subparsers) -> None:
 
 
 def run_train(args) -> int:
-    from ..training import TrainingArguments, train
+    from ..training import train
+    from ..training_args import TrainingArguments
 
     for name in ("vocab_size", "seq_len", "batch_size", "max_steps", "max_tokens", "eval_every", "eval_rows"):
         value = getattr(args, name)
