@@ -422,6 +422,8 @@ def perplexity(
         raise GatedQwenError(f"the stride ({stride}) must be at least 1 and smaller than the context ({context})")
     if input_ids.numel() < 2:
         raise GatedQwenError(f"the text has {input_ids.numel()} token(s); perplexity needs at least 2")
+    if batch_size < 1:
+        raise GatedQwenError(f"the batch size must be at least 1, not {batch_size}")
     # Window w scores targets [start, end); its input is ids[begin:end], begin = max(0, end - context).
     windows, start = [], 1
     while start < input_ids.numel():

@@ -28,7 +28,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -39,49 +38,22 @@ from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 from transformers.generation.streamers import BaseStreamer
 from transformers.utils import logging as hf_logging
 
+from .benchmark_options import DTYPES, SIZES, BenchmarkOptions
 from .configuration_qwen3_gated import Qwen3GatedConfig
 from .errors import GatedQwenError
 from .modeling_qwen3_gated import Qwen3GatedForCausalLM
+from .names import GATE_TYPES
 
-# Architectures by name. "100m" keeps the released arms' proportions (head_dim 128, two query heads
-# per kv head, H*D = hidden, MLP 3x hidden) at about 108M parameters with a 32k vocabulary; "1b" is the
-# released architecture itself (shared/RELEASED_FORMAT.md); "tiny" is for tests.
-SIZES = {
-    "tiny": dict(vocab_size=256, hidden_size=64, intermediate_size=192, num_hidden_layers=2,
-                 num_attention_heads=4, num_key_value_heads=2, head_dim=16),
-    "100m": dict(vocab_size=32000, hidden_size=1024, intermediate_size=3072, num_hidden_layers=6,
-                 num_attention_heads=8, num_key_value_heads=4, head_dim=128),
-    "1b": dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=28,
-               num_attention_heads=16, num_key_value_heads=8, head_dim=128),
-}
+ARCHITECTURE_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                     "num_attention_heads", "num_key_value_heads", "head_dim")
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"  # SIZES["1b"] names a file here
 STOCK_ARM = "qwen3"  # transformers' Qwen3ForCausalLM
-GATES = ("none", "headwise", "elementwise")
+GATES = GATE_TYPES
 ARMS = (STOCK_ARM, *GATES)
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+TORCH_DTYPES = {name: getattr(torch, name) for name in DTYPES}
 TARGET_SLACK = 0.02  # the issue's "within 2%"
 CONVERSION_TIME_TARGET = 2.0  # conversion within 2x the time of copying the files
 RSS_ALLOWANCE = 300 * 2**20  # peak RSS under twice the largest tensor plus 300 MB
-
-
-@dataclass
-class BenchmarkOptions:
-    """What to measure. ``size`` names an entry of :data:`SIZES`; ``overrides`` change single config keys."""
-
-    size: str = "100m"
-    overrides: dict = field(default_factory=dict)
-    batch_sizes: tuple[int, ...] = (1, 8)
-    prompt_length: int = 512
-    new_tokens: int = 64
-    repeats: int = 11  # measured rounds, after one warm-up round
-    dtype: str = "float32"
-    device: str = "cpu"
-    attn_implementation: str = "sdpa"
-    threads: int | None = None  # torch intra-op threads; None keeps torch's choice
-    models: bool = True
-    loading: bool = True
-    conversion: bool = True
-    scratch_dir: str | None = None  # where checkpoints are written; a temporary folder by default
-    seed: int = 0
 
 
 # ----------------------------------------------------------------------------------------------
@@ -92,11 +64,20 @@ def architecture(options: BenchmarkOptions) -> dict:
     """The config keys shared by all arms: the named size with ``overrides`` applied."""
     if options.size not in SIZES:
         raise GatedQwenError(f"unknown size {options.size!r}; choose one of {', '.join(SIZES)}")
+    size = SIZES[options.size]
+    if isinstance(size, str):  # a file of the repository's configs/
+        if not (CONFIGS / size).is_file():
+            raise GatedQwenError(
+                f"--size {options.size} reads configs/{size} from a checkout of the gated-qwen repository, "
+                f"and {CONFIGS} has none; run from a checkout, or give the keys with --set"
+            )
+        released = Qwen3GatedConfig.from_json_file(CONFIGS / size)
+        size = {key: getattr(released, key) for key in ARCHITECTURE_KEYS}
     unknown = sorted(set(options.overrides) - set(Qwen3GatedConfig.__dataclass_fields__))
     if unknown:
         raise GatedQwenError(f"{', '.join(unknown)}: not a Qwen3 config key; see transformers' Qwen3Config")
     return {
-        **SIZES[options.size],
+        **size,
         "tie_word_embeddings": True,
         "max_position_embeddings": max(4096, options.prompt_length + options.new_tokens),
         "attn_implementation": options.attn_implementation,
@@ -143,9 +124,9 @@ def layer_parameter_count(model: torch.nn.Module) -> int:
 
 
 def _dtype(name: str) -> torch.dtype:
-    if name not in DTYPES:
-        raise GatedQwenError(f"unknown dtype {name!r}; choose one of {', '.join(DTYPES)}")
-    return DTYPES[name]
+    if name not in TORCH_DTYPES:
+        raise GatedQwenError(f"unknown dtype {name!r}; choose one of {', '.join(TORCH_DTYPES)}")
+    return TORCH_DTYPES[name]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -471,9 +452,9 @@ def run_benchmark(options: BenchmarkOptions, log: Callable[[str], None] = lambda
         log("measuring prefill and decode of the four arms")
         result["models"] = measure_models(options)
     if options.loading or options.conversion:
-        if options.scratch_dir:
-            Path(options.scratch_dir).mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(prefix="gated-qwen-bench-", dir=options.scratch_dir) as scratch:
+        from .outputs import scratch_folder
+
+        with scratch_folder(options.scratch_dir, name="gated-qwen-bench") as scratch:  # a killed run's is removed by the next
             log("writing the stock and gated checkpoints")
             checkpoints = write_checkpoints(options, Path(scratch))
             if options.loading:

@@ -26,6 +26,7 @@ import torch
 from safetensors import safe_open
 
 from .errors import CheckpointError
+from .hub import resolve_source
 from .layout import gate_type_for_rows, q_proj_rows
 
 CONFIG_NAME = "config.json"
@@ -187,7 +188,10 @@ def load_pickle_weights(path: str | os.PathLike, map_location: str = "cpu") -> d
                 raise
             state = torch.load(path, map_location=map_location, weights_only=True)  # the pre-1.6 format
     except pickle.UnpicklingError as error:
-        reason = str(error).strip().splitlines()[-1][:200]
+        lines = [line.strip() for line in str(error).splitlines() if line.strip()] or ["refused"]
+        # torch's message is a page long; the line that names what the pickle wanted is the one to keep
+        reason = next((line for line in lines if "GLOBAL" in line or "WeightsUnpickler error" in line), lines[0])
+        reason = reason.removeprefix("WeightsUnpickler error:").strip().rstrip(".")[:200]
         raise CheckpointError(
             f"{path} holds a pickle that is not plain tensors ({reason}); it was refused and nothing in it ran. "
             "Get the weights from a source you trust, preferably as safetensors"
@@ -304,6 +308,7 @@ def read_checkpoint_header(
         return header
     if Path(path_or_repo_id).exists() or str(path_or_repo_id).startswith((".", "/", "~")):
         raise CheckpointError(f"{local} is not a folder; give a checkpoint folder or a hub id like owner/name")
+    resolve_source(str(path_or_repo_id), subfolder, revision, token)  # offline, no network, unknown repo: said at once
     return _read_hub_header(str(path_or_repo_id), subfolder, revision, token)
 
 
@@ -438,6 +443,7 @@ def checkpoint_folder(src: str | os.PathLike, subfolder: str = "", revision: str
         return folder
     if local.exists() or str(src).startswith((".", "/", "~")) or str(src).count("/") > 1:
         raise GatedQwenError(f"{src} is not a folder; give a checkpoint folder or a hub id like Qwen/Qwen3-0.6B")
+    resolve_source(str(src), subfolder, revision)  # offline, no network, unknown repo: said at once, not after retries
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
@@ -509,7 +515,7 @@ class CheckpointTensors:
         return StoredTensor(self._file_of[name], *self._offsets[name])
 
     def get(self, name: str) -> torch.Tensor:
-        """The tensor ``name``, on the CPU, as stored."""
+        """The tensor ``name``, on the CPU, as stored (treat it as read-only: it may be a view of the file)."""
         file = self._file_of[name]
         if file.suffix == ".safetensors":
             try:
@@ -521,9 +527,10 @@ class CheckpointTensors:
             self._mapped = None  # drop the old map before making the new one
             self._mapped = (file, load_pickle_weights(file))
             self._mapped_read = 0
-        tensor = self._mapped[1][name].clone()  # a copy: the map it came from is dropped later
         self._mapped_read += self.infos[name].nbytes
-        return tensor
+        # A view of the map, not a copy: it keeps its map alive for as long as the caller holds it, so
+        # dropping the map above only frees it once the tensors taken from it are gone.
+        return self._mapped[1][name]
 
 
 # ----------------------------------------------------------------------------------------------

@@ -26,7 +26,6 @@ from __future__ import annotations
 import copy
 import os
 import shutil
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,13 +56,14 @@ from .modeling_qwen3_gated import (
     Qwen3GatedModel,
     Qwen3GatedPreTrainedModel,
 )
+from .names import CHECKPOINT_CONVERSION_GATES, CONVERSION_GATES, CONVERSION_INITS
+from .outputs import OutputFolder
 
 logger = logging.get_logger(__name__)
 
-GATES = ("headwise", "elementwise")
-# convert_checkpoint also takes "keep": the source's own gate, re-saved as a clean gated-qwen checkpoint
-CHECKPOINT_GATES = (*GATES, "keep")
-INITS = ("identity", "random")
+# the names live in gated_qwen.names (torch-free, for the command line); convert_checkpoint also takes
+# "keep": the source's own gate, re-saved as a clean gated-qwen checkpoint
+GATES, CHECKPOINT_GATES, INITS = CONVERSION_GATES, CHECKPOINT_CONVERSION_GATES, CONVERSION_INITS
 
 # stock class -> its gated counterpart; the Qwen3Gated classes subclass these, so order matters
 # only in that each model matches exactly one entry.
@@ -281,9 +281,9 @@ def convert_checkpoint(
     tensor: a released arm becomes a clean gated-qwen checkpoint (safetensors, ``model_type
     "qwen3_gated"`` plus the released keys) whose logits equal the source's bit for bit.
 
-    ``src`` is only read. Everything is written into a temporary folder beside ``dst`` and renamed at
-    the end, so a failure leaves no ``dst``; an existing non-empty ``dst`` is refused unless
-    ``overwrite``.
+    ``src`` is only read. ``dst`` is written through :class:`gated_qwen.outputs.OutputFolder`: into a
+    staging folder, put in place only when whole, so a failure leaves ``dst`` as it was; a link is
+    followed, an existing non-empty ``dst`` is refused unless ``overwrite``.
 
     >>> result = convert_checkpoint("Qwen/Qwen3-0.6B", "qwen3-0.6b-headwise", gate="headwise")  # doctest: +SKIP
     >>> result.files  # doctest: +SKIP
@@ -294,11 +294,8 @@ def convert_checkpoint(
     _check_choice(init, INITS, "init")
     target_dtype = resolve_dtype(dtype)
     target_dtype = None if target_dtype == "auto" else target_dtype  # None: keep each tensor's dtype
-    dst = Path(dst).expanduser()
-    if dst.exists() and not dst.is_dir():
-        raise GatedQwenError(f"{dst} exists and is not a folder; give a folder for the converted checkpoint")
-    if dst.is_dir() and any(dst.iterdir()) and not overwrite:
-        raise GatedQwenError(f"{dst} exists and is not empty; choose another folder or pass --overwrite to replace it")
+    output = OutputFolder(dst, overwrite=overwrite)  # refuses a bad DST now, before any reading
+    dst = output.destination
 
     folder = checkpoint_folder(src, subfolder, revision)
     for inside, outside in ((dst, folder), (folder, dst)):
@@ -339,26 +336,13 @@ def convert_checkpoint(
             tensor = tensor.to(target_dtype)  # before the conversion, so the scaling happens in the stored dtype
         return transform(name, tensor)
 
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    staging = dst.parent / f".{dst.name}.{uuid.uuid4().hex[:8]}.partial"
-    staging.mkdir()  # not tempfile.mkdtemp: its 0700 mode would become DST's
-    try:
+    with output as staging:  # written whole into a staging folder, put in place at the end (gated_qwen.outputs)
         files = write_safetensors_checkpoint(staging, plan, produce, max_shard_size, progress, description="converting")
         config.save_pretrained(staging)
         for name in AUXILIARY_FILES:
             _copy(folder / name, staging / name)
 
         max_difference = _max_logit_difference(gated_class, folder, staging) if verify else None
-
-        if dst.exists():
-            replaced = dst.rename(staging.with_suffix(".old"))
-            staging.rename(dst)
-            shutil.rmtree(replaced)
-        else:
-            staging.rename(dst)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return ConversionResult(
         path=dst,
         files=files,

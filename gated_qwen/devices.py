@@ -1,6 +1,7 @@
 """Devices, dtypes and attention implementations by name, checked with one clear message each.
 
-Shared by the commands that load a model (generate, analyze, convert, bench).
+Shared by the commands that load a model (generate, analyze, convert, eval); the names themselves live in
+:mod:`gated_qwen.names`, which the command line's parsers import without torch.
 """
 
 from __future__ import annotations
@@ -9,11 +10,7 @@ import torch
 from transformers.utils import is_flash_attn_2_available, is_torch_flex_attn_available
 
 from .errors import GatedQwenError
-
-DEVICES = ("auto", "cpu", "cuda", "mps")
-# "auto" keeps the dtype the checkpoint records (from_pretrained's dtype="auto")
-DTYPES = {"auto": "auto", "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa", "flex_attention", "flash_attention_2")
+from .names import ATTENTION_IMPLEMENTATIONS, DEVICES, DTYPES
 
 
 def resolve_device(name: str = "auto") -> torch.device:
@@ -44,7 +41,7 @@ def resolve_dtype(name: str = "auto") -> torch.dtype | str:
     """
     if name not in DTYPES:
         raise GatedQwenError(f"unknown dtype {name!r}; choose one of {', '.join(DTYPES)}")
-    return DTYPES[name]
+    return "auto" if name == "auto" else getattr(torch, name)
 
 
 def check_attention(attn_implementation: str | None, device: torch.device, dtype: torch.dtype | str) -> None:

@@ -16,7 +16,6 @@ as left-padded batches, and one record per prompt.
 from __future__ import annotations
 
 import copy
-import re
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from transformers.utils.hub import cached_files
 
 from .devices import check_attention, resolve_device, resolve_dtype
 from .errors import GatedQwenError
+from .hub import hub_error, resolve_source
 from .modeling_qwen3_gated import Qwen3GatedForCausalLM
 
 logger = logging.get_logger(__name__)
@@ -36,27 +36,18 @@ logger = logging.get_logger(__name__)
 # One of these sets of files makes a tokenizer; tokenizer_config.json alone does not (transformers
 # would then build an empty tokenizer without complaint).
 TOKENIZER_FILE_SETS = (("tokenizer.json",), ("vocab.json", "merges.txt"), ("tokenizer.model",), ("vocab.txt",))
-_HUB_ID = re.compile(r"[\w.-]+(/[\w.-]+)?")
 
 
-def _local_folder(source: str, subfolder: str = "") -> Path | None:
-    """The local folder ``source``/``subfolder``, None for a hub id, or an error when it does not exist."""
-    path = Path(source).expanduser()
-    if not path.exists() and _HUB_ID.fullmatch(str(source)):
-        return None
-    folder = path / subfolder
-    if not folder.is_dir():
-        raise GatedQwenError(f"{folder} does not exist; give a local folder or a hub id like QwQZh/gated_attention")
-    return folder
+def local_checkpoint_folder(model: str, subfolder: str = "", revision: str | None = None) -> Path | None:
+    """The local folder of ``model`` (checked to hold a config.json), or None for a readable hub repository.
 
+    Every problem with the source (no such folder, a file, no network, an unknown repository, offline
+    without a cached copy) is one :class:`GatedQwenError` from :func:`gated_qwen.hub.resolve_source`.
 
-def local_checkpoint_folder(model: str, subfolder: str = "") -> Path | None:
-    """The local folder of ``model`` (checked to hold a config.json), or None when ``model`` is a hub id.
-
-    >>> local_checkpoint_folder("QwQZh/gated_attention", "1B_gate_headwise") is None
+    >>> local_checkpoint_folder("QwQZh/gated_attention", "1B_gate_headwise") is None  # doctest: +SKIP
     True
     """
-    folder = _local_folder(model, subfolder)
+    folder = resolve_source(model, subfolder, revision)
     if folder is not None and not (folder / "config.json").is_file():
         arms = sorted(p.name for p in folder.iterdir() if (p / "config.json").is_file())
         hint = f"it holds several models: pass --subfolder with one of {', '.join(arms)}" if arms else (
@@ -66,6 +57,37 @@ def local_checkpoint_folder(model: str, subfolder: str = "") -> Path | None:
     return folder
 
 
+def check_tokenizer_files(source: str, subfolder: str = "", revision: str | None = None) -> None:
+    """Refuse a checkpoint without tokenizer files, naming the files it needs.
+
+    transformers alone would build an empty tokenizer from a folder with tokenizer_config.json only.
+
+    >>> check_tokenizer_files("path/to/weights_only")  # doctest: +SKIP
+    Traceback (most recent call last):
+    ...
+    gated_qwen.errors.GatedQwenError: path/to/weights_only has no tokenizer files: it needs tokenizer.json, ...
+    """
+    local = resolve_source(source, subfolder, revision)  # a missing folder is named as such, not as "no tokenizer"
+    names = [name for names in TOKENIZER_FILE_SETS for name in names]
+    # One hub call for all candidates.
+    try:
+        found = cached_files(
+            source, names, subfolder=subfolder, revision=revision, _raise_exceptions_for_missing_entries=False
+        ) or []
+    except OSError as error:
+        raise hub_error(error.__cause__ or error, source, subfolder, revision) from None
+    found_names = {Path(path).name for path in found}
+    if not any(found_names.issuperset(names) for names in TOKENIZER_FILE_SETS):
+        where = f"{source}" + (f" (subfolder {subfolder})" if subfolder else "")
+        if local is None:
+            where += " (on the hub, or in the local cache when offline)"
+        wanted = ", or ".join(" and ".join(names) for names in TOKENIZER_FILE_SETS)
+        raise GatedQwenError(
+            f"{where} has no tokenizer files: it needs {wanted}. Copy the tokenizer files of the model into it, "
+            "or load the tokenizer from elsewhere (gated-qwen generate --tokenizer PATH_OR_HUB_ID)"
+        )
+
+
 def load_tokenizer(source: str, subfolder: str = "", revision: str | None = None):
     """The tokenizer of a checkpoint folder or hub id, left-padded for batched generation.
 
@@ -73,23 +95,7 @@ def load_tokenizer(source: str, subfolder: str = "", revision: str | None = None
 
     >>> tokenizer = load_tokenizer("QwQZh/gated_attention", subfolder="1B_gate_headwise")  # doctest: +SKIP
     """
-    local = _local_folder(source, subfolder)  # a missing folder is named as such, not as "no tokenizer"
-
-    names = [name for names in TOKENIZER_FILE_SETS for name in names]
-    # One hub call for all candidates (an unknown repository raises here, with transformers' message).
-    found = cached_files(
-        source, names, subfolder=subfolder, revision=revision, _raise_exceptions_for_missing_entries=False
-    ) or []
-    found_names = {Path(path).name for path in found}
-    if not any(found_names.issuperset(names) for names in TOKENIZER_FILE_SETS):
-        where = f"{source}" + (f" (subfolder {subfolder})" if subfolder else "")
-        if local is None:
-            where += " (on the hub or in the local cache: check the id and the network)"
-        wanted = ", or ".join(" and ".join(names) for names in TOKENIZER_FILE_SETS)
-        raise GatedQwenError(
-            f"{where} has no tokenizer files: it needs {wanted}. Copy the tokenizer files of the model into it, "
-            "or load the tokenizer from elsewhere (gated-qwen generate --tokenizer PATH_OR_HUB_ID)"
-        )
+    check_tokenizer_files(source, subfolder, revision)
     tokenizer = AutoTokenizer.from_pretrained(
         source, subfolder=subfolder, revision=revision, trust_remote_code=False, padding_side="left"
     )
@@ -114,15 +120,25 @@ def load_model(
     """
     torch_device, torch_dtype = resolve_device(device), resolve_dtype(dtype)
     check_attention(attn_implementation, torch_device, torch_dtype)
-    local_checkpoint_folder(model, subfolder)
-    loaded = Qwen3GatedForCausalLM.from_pretrained(
+    local_checkpoint_folder(model, subfolder, revision)
+    loaded, info = Qwen3GatedForCausalLM.from_pretrained(
         model,
         subfolder=subfolder,
         revision=revision,
         dtype=torch_dtype,
         attn_implementation=attn_implementation,
         device_map=str(torch_device),
+        output_loading_info=True,
     )
+    # from_pretrained starts a head a bare-model checkpoint lacks afresh, as transformers does; text from
+    # a random lm_head is noise, so here that is an error.
+    if info["missing_keys"]:
+        missing = sorted(info["missing_keys"])
+        raise GatedQwenError(
+            f"{model}" + (f" (subfolder {subfolder})" if subfolder else "") + f" lacks {', '.join(missing[:4])}"
+            + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
+            + ": it is not a complete causal language model (a bare Qwen3GatedModel checkpoint has no lm_head)"
+        )
     return loaded.eval()
 
 
@@ -141,7 +157,7 @@ def load_model_and_tokenizer(
         resolve_device(model_kwargs.get("device", "auto")),
         resolve_dtype(model_kwargs.get("dtype", "auto")),
     )
-    local_checkpoint_folder(model, subfolder)
+    local_checkpoint_folder(model, subfolder, revision)
     text_tokenizer = (
         load_tokenizer(model, subfolder, revision) if tokenizer is None else load_tokenizer(tokenizer)
     )
@@ -155,6 +171,8 @@ def load_model_and_tokenizer(
 
 
 SAMPLING_OPTIONS = ("temperature", "top_p", "top_k")
+# GenerationConfig flags that act only when sampling
+SAMPLING_ONLY_FLAGS = ("temperature", "top_p", "top_k", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff")
 
 
 def build_generation_config(
@@ -191,6 +209,9 @@ def build_generation_config(
         options["stop_strings"] = list(stop_strings)
     config = copy.deepcopy(model.generation_config)
     config.update(**options)
+    if not config.do_sample:  # greedy: the model's sampling settings do not apply (and transformers would warn)
+        for name in SAMPLING_ONLY_FLAGS:
+            setattr(config, name, None)
     if config.eos_token_id is None:
         config.eos_token_id = tokenizer.eos_token_id
     if config.pad_token_id is None:
@@ -357,6 +378,7 @@ __all__ = [
     "batched",
     "build_generation_config",
     "chat_prompt",
+    "check_tokenizer_files",
     "generate",
     "load_model",
     "load_model_and_tokenizer",

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-GATE_TYPES = ("none", "headwise", "elementwise")
+from .names import GATE_TYPES
 
 
 def gate_dim(gate_type: str, head_dim: int) -> int:

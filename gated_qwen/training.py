@@ -26,7 +26,7 @@ import csv
 import dataclasses
 import json
 import math
-import shutil
+import pickle
 import time
 from pathlib import Path
 
@@ -34,6 +34,8 @@ import torch
 
 from .configuration_qwen3_gated import Qwen3GatedConfig
 from .errors import GatedQwenError
+from .outputs import OutputError, OutputFolder, output_file, resolve_destination, write_text
+from .training_args import TrainingArguments, TrainingError
 
 from transformers.utils import logging
 
@@ -43,56 +45,6 @@ logger = logging.get_logger(__name__)
 EOS_TOKEN = "<|endoftext|>"
 PAD_TOKEN = "<|pad|>"
 LOG_FIELDS = ("step", "tokens", "lr", "train_loss", "heldout_loss", "heldout_ppl", "tokens_per_s", "elapsed_s")
-
-
-class TrainingError(GatedQwenError):
-    """Training inputs that cannot work: missing data, a clashing output folder, a bad resume folder."""
-
-
-@dataclasses.dataclass
-class TrainingArguments:
-    """Everything one training run depends on; saved as ``train_args.json`` in the output folder.
-
-    >>> args = TrainingArguments(train_file="train.jsonl", output_dir="runs/x", max_steps=10)
-    >>> args.tokens_per_step(num_processes=1)
-    4096
-    """
-
-    train_file: str
-    output_dir: str
-    heldout_file: str | None = None
-    config: str | None = None  # a config.json (e.g. configs/small_4M.json); None: Qwen3GatedConfig defaults + flags
-    gate: str | None = None  # none/headwise/elementwise; overrides the config's gate flags
-    tokenizer: str | None = None  # a tokenizer folder; None: train a byte-level BPE of vocab_size
-    vocab_size: int = 4096
-    seq_len: int = 256
-    batch_size: int = 16
-    max_steps: int | None = None
-    max_tokens: int | None = None  # the token budget; sets max_steps when max_steps is None
-    learning_rate: float = 3e-3
-    min_lr_rate: float = 0.1
-    warmup_steps: int = 100
-    weight_decay: float = 0.1
-    adam_betas: tuple[float, float] = (0.9, 0.95)
-    max_grad_norm: float = 1.0
-    precision: str = "auto"  # auto (bf16 on a GPU that has it, else fp32), bf16, fp32
-    eval_every: int = 100
-    eval_rows: int = 64  # held-out rows per evaluation (the first ones, always the same)
-    save_every: int = 0  # 0: only at the end
-    seed: int = 0
-    threads: int | None = None  # torch CPU threads
-    overwrite: bool = False
-    progress: bool = True
-
-    def tokens_per_step(self, num_processes: int = 1) -> int:
-        return self.batch_size * self.seq_len * num_processes
-
-    def total_steps(self, num_processes: int = 1) -> int:
-        if self.max_steps is not None:
-            return self.max_steps
-        if self.max_tokens is None:
-            raise TrainingError("give a budget: max_steps (--max-steps) or max_tokens (--max-tokens)")
-        return math.ceil(self.max_tokens / self.tokens_per_step(num_processes))
 
 
 def read_documents(path: str | Path) -> list[str]:
@@ -311,30 +263,55 @@ def latest_checkpoint(folder: str | Path) -> Path:
     return found[-1].parent
 
 
-def _prepare_output_dir(args: TrainingArguments, resuming: bool) -> Path:
-    out = Path(args.output_dir)
-    if out.exists() and any(out.iterdir()) and not (resuming or args.overwrite):
-        raise TrainingError(f"{out} is not empty; pass --resume {out} to continue it or --overwrite to replace it")
-    if out.exists() and args.overwrite and not resuming:
-        shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
-    return out
+RUN_FILES = ("tokenizer", "train_args.json")  # what a run writes into --out before its first step
 
 
-def _save_checkpoint(accelerator, out: Path, args, tokenizer, step: int, tokens: int, elapsed: float) -> None:
-    final = out / f"checkpoint-{step}"
-    partial = out / f".checkpoint-{step}.partial"
-    if accelerator.is_main_process and partial.exists():
-        shutil.rmtree(partial)
-    accelerator.wait_for_everyone()
-    accelerator.save_state(str(partial), safe_serialization=True)
-    if accelerator.is_main_process:
-        state = {"step": step, "tokens": tokens, "elapsed_s": elapsed, "args": dataclasses.asdict(args)}
-        tokenizer.save_pretrained(partial / "tokenizer")
-        (partial / "trainer_state.json").write_text(json.dumps(state, indent=2) + "\n")
-        if final.exists():
-            shutil.rmtree(final)
-        partial.rename(final)  # a checkpoint folder is complete or absent
+def _output_folder(args: TrainingArguments, checkpoint: Path | None) -> OutputFolder:
+    """--out, checked before any work (nothing is written yet): the :class:`OutputFolder` of the run's first files.
+
+    A new run needs an empty or missing --out (or --overwrite). A run resumed into the folder of the
+    checkpoint it continues keeps that folder and replaces only its tokenizer and train_args.json.
+    """
+    try:
+        out = resolve_destination(args.output_dir)
+        if checkpoint is not None and out in (checkpoint.resolve(), checkpoint.resolve().parent):
+            if args.overwrite:
+                raise TrainingError(f"--overwrite would delete {checkpoint}, which --resume continues from; drop --overwrite")
+            return OutputFolder(out, overwrite=True, merge=True, names=RUN_FILES)
+        if list(out.glob("checkpoint-*/trainer_state.json")):
+            advice = f"pass --resume {args.output_dir} to continue the run in it, or --overwrite to replace it"
+        else:
+            advice = "it holds no checkpoint to resume from: pass --overwrite to replace it, or choose another --out"
+        return OutputFolder(out, overwrite=args.overwrite, advice=advice)
+    except OutputError as error:
+        raise TrainingError(str(error)) from None
+
+
+def _save_checkpoint(
+    accelerator, out: Path, args, tokenizer, step: int, tokens: int, elapsed: float, train_loss, heldout
+) -> None:
+    """checkpoint-STEP/ in ``out``, whole or absent: every process saves into one staging folder, put in place at the end."""
+    from accelerate.utils import broadcast_object_list
+
+    folder = OutputFolder(out / f"checkpoint-{step}", overwrite=True) if accelerator.is_main_process else None
+    staging = [str(folder.open()) if folder is not None else None]
+    broadcast_object_list(staging)  # the other processes write their RNG state into the same folder
+    staging = Path(staging[0])
+    try:
+        accelerator.save_state(str(staging), safe_serialization=True)
+        if folder is not None:
+            # train_loss and heldout let a run resumed at its last step report them (summary.json)
+            state = {"step": step, "tokens": tokens, "elapsed_s": elapsed, "train_loss": train_loss, "heldout": heldout,
+                     "args": dataclasses.asdict(args)}
+            tokenizer.save_pretrained(staging / "tokenizer")
+            (staging / "trainer_state.json").write_text(json.dumps(state, indent=2) + "\n")
+        accelerator.wait_for_everyone()
+    except BaseException:
+        if folder is not None:
+            folder.discard()
+        raise
+    if folder is not None:
+        folder.commit()
     accelerator.wait_for_everyone()
 
 
@@ -342,26 +319,80 @@ def _save_model(accelerator, model, tokenizer, out: Path) -> Path:
     from transformers import GenerationConfig
 
     final = out / "final"
-    partial = out / ".final.partial"
     if accelerator.is_main_process:
-        if partial.exists():
-            shutil.rmtree(partial)
-        unwrapped = accelerator.unwrap_model(model)
-        unwrapped.save_pretrained(partial, safe_serialization=True)
-        tokenizer.save_pretrained(partial)
-        GenerationConfig(
-            eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id,
-            do_sample=True,
-            temperature=0.8,
-            top_k=50,
-            max_new_tokens=64,
-        ).save_pretrained(partial)
-        if final.exists():
-            shutil.rmtree(final)
-        partial.rename(final)
+        with OutputFolder(final, overwrite=True) as staging:
+            unwrapped = accelerator.unwrap_model(model)
+            unwrapped.save_pretrained(staging, safe_serialization=True)
+            tokenizer.save_pretrained(staging)
+            GenerationConfig(
+                eos_token_id=tokenizer.eos_token_id,
+                pad_token_id=tokenizer.pad_token_id,
+                do_sample=True,
+                temperature=0.8,
+                top_k=50,
+                max_new_tokens=64,
+            ).save_pretrained(staging)
     accelerator.wait_for_everyone()
     return final
+
+
+CHECKPOINT_FILES = ("trainer_state.json", "model.safetensors", "optimizer.bin", "scheduler.bin", "random_states_0.pkl")
+
+
+def read_checkpoint(checkpoint: str | Path) -> dict:
+    """Check every file of a training checkpoint, without loading it into a model; returns its trainer state.
+
+    Each file must be whole, and the ``.bin``/``.pkl`` files (torch pickles, written by
+    ``Accelerator.save_state``) must hold plain data only: they are opened with
+    ``torch.load(weights_only=True)`` (memory-mapped, so nothing large is read), which never runs code a
+    pickle names. Anything else is a :class:`TrainingError` naming the file and what to do, raised
+    before a run writes anything.
+
+    >>> read_checkpoint("runs/headwise/checkpoint-400")["step"]  # doctest: +SKIP
+    400
+    """
+    from accelerate.utils import load
+    from safetensors import safe_open
+
+    checkpoint = Path(checkpoint)
+    earlier = sorted(
+        (p for p in checkpoint.parent.glob("checkpoint-*") if p != checkpoint and (p / "trainer_state.json").is_file()),
+        key=lambda p: int(p.name.rpartition("-")[2]) if p.name.rpartition("-")[2].isdigit() else -1,
+    )
+    advice = f"resume from {earlier[-1]} instead" if earlier else "start again with --overwrite"
+    for name in CHECKPOINT_FILES:
+        if not (checkpoint / name).is_file():
+            raise TrainingError(f"{checkpoint} has no {name}; it is not a whole checkpoint of this package: {advice}")
+    state_path = checkpoint / "trainer_state.json"
+    try:
+        state = json.loads(state_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise TrainingError(f"{state_path} is not readable JSON ({error}); it is damaged: {advice}") from None
+    if not isinstance(state, dict) or not {"step", "tokens", "elapsed_s", "args"} <= state.keys():
+        raise TrainingError(f"{state_path} lacks step, tokens, elapsed_s or args; it is not this package's: {advice}")
+    for path in sorted(checkpoint.iterdir()):
+        try:
+            if path.suffix == ".safetensors":
+                with safe_open(str(path), framework="pt") as handle:
+                    handle.keys()
+            elif path.suffix in (".bin", ".pkl"):
+                load(path, map_location="cpu", weights_only=True, mmap=True)
+        except pickle.UnpicklingError as error:
+            if "weights only" not in str(error).lower():
+                raise TrainingError(f"{path} is damaged or truncated ({type(error).__name__}); {advice}") from None
+            raise TrainingError(
+                f"{path} holds more than plain tensors (a pickle that would run code or build arbitrary objects); "
+                f"it was not loaded. Use checkpoints this package wrote: {advice}"
+            ) from None
+        except Exception as error:  # safetensors, zip and pickle readers raise several types
+            raise TrainingError(f"{path} is damaged or truncated ({_first_sentence(error)}); {advice}") from None
+    return state
+
+
+def _first_sentence(error: Exception) -> str:
+    """A library's error message on one line, up to its first full stop (torch's go on for several sentences)."""
+    text = " ".join(str(error).split()) or type(error).__name__
+    return text.split(". ")[0].rstrip(".")[:200]
 
 
 def plot_losses(log_path: str | Path, png_path: str | Path) -> Path:
@@ -389,7 +420,8 @@ def plot_losses(log_path: str | Path, png_path: str | Path) -> Path:
     axes.legend()
     axes.grid(alpha=0.3)
     figure.tight_layout()
-    figure.savefig(png_path, dpi=100)
+    with output_file(png_path) as partial:
+        figure.savefig(partial, dpi=100, format="png")
     plt.close(figure)
     return Path(png_path)
 
@@ -414,15 +446,17 @@ def train(args: TrainingArguments, resume: str | Path | None = None) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     checkpoint = latest_checkpoint(resume) if resume is not None else None
-    if checkpoint is not None:
-        _check_resume_matches(args, json.loads((checkpoint / "trainer_state.json").read_text())["args"])
+    state = read_checkpoint(checkpoint) if checkpoint is not None else None
+    if state is not None:
+        _check_resume_matches(args, state["args"])
     # The precision depends on the device, which accelerate knows before the Accelerator exists.
     accelerator = Accelerator(mixed_precision=_resolve_precision(args.precision, PartialState().device))
-    out = _prepare_output_dir(args, resuming=checkpoint is not None)
+    # --out is checked now and written only once every input has been read and checked (below).
+    output = _output_folder(args, checkpoint)
+    out = Path(args.output_dir)
     set_seed(args.seed)
 
     documents = read_documents(args.train_file)
-    tokenizer_dir = out / "tokenizer"
     if args.tokenizer:
         source = args.tokenizer
     elif checkpoint is not None:
@@ -432,13 +466,10 @@ def train(args: TrainingArguments, resume: str | Path | None = None) -> dict:
     if source is not None:
         try:
             tokenizer = AutoTokenizer.from_pretrained(str(source))
-        except (OSError, ValueError) as error:
-            raise TrainingError(f"cannot load the tokenizer in {source}: {error}") from None
+        except Exception as error:  # a damaged tokenizer.json raises the tokenizers library's own errors
+            raise TrainingError(f"cannot load the tokenizer in {source} ({_first_sentence(error)}); it is damaged or not a tokenizer folder") from None
     else:
         tokenizer = train_tokenizer(documents, args.vocab_size)
-    if accelerator.is_main_process:
-        tokenizer.save_pretrained(tokenizer_dir)
-        (out / "train_args.json").write_text(json.dumps(dataclasses.asdict(args), indent=2) + "\n")
 
     train_stream = pack_documents(documents, tokenizer)
     data = PackedBatches(train_stream, args.seq_len, args.batch_size * accelerator.num_processes, args.seed)
@@ -463,13 +494,37 @@ def train(args: TrainingArguments, resume: str | Path | None = None) -> dict:
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
 
     step, tokens, elapsed_before = 0, 0, 0.0
+    last_eval, train_loss = None, None
     if checkpoint is not None:
-        accelerator.load_state(str(checkpoint))
-        state = json.loads((checkpoint / "trainer_state.json").read_text())
+        try:
+            accelerator.load_state(str(checkpoint), load_kwargs={"weights_only": True})
+        except Exception as error:  # read_checkpoint checked the files: this is a mismatch with the model
+            raise TrainingError(f"cannot restore the training state saved in {checkpoint} ({_first_sentence(error)}); "
+                                "it was saved by a different model or optimizer") from None
         step, tokens, elapsed_before = state["step"], state["tokens"], state["elapsed_s"]
+        train_loss, last_eval = state.get("train_loss"), state.get("heldout")
         logger.info(f"resuming from {checkpoint} at step {step}")
     if step > total_steps:
         raise TrainingError(f"{checkpoint} is at step {step}, past this run's {total_steps} steps")
+
+    summary_path = out / "summary.json"
+    if checkpoint is not None and step == total_steps and summary_path.is_file():
+        # A finished run: nothing to train, and its results stay as they are.
+        try:
+            summary = json.loads(summary_path.read_text())
+        except (OSError, ValueError):
+            summary = None
+        if isinstance(summary, dict) and summary.get("steps") == step:
+            logger.warning(f"{out} already finished its {total_steps} steps; nothing to do (its results: {summary_path})")
+            return summary
+
+    # Every input has been read and checked: from here on the run writes.
+    accelerator.wait_for_everyone()  # all processes have checked --out before it is written
+    if accelerator.is_main_process:
+        with output as staging:
+            tokenizer.save_pretrained(staging / "tokenizer")
+            (staging / "train_args.json").write_text(json.dumps(dataclasses.asdict(args), indent=2) + "\n")
+    accelerator.wait_for_everyone()
 
     parameters = sum(p.numel() for p in accelerator.unwrap_model(model).parameters())
     log_path = out / "log.csv"
@@ -498,7 +553,6 @@ def train(args: TrainingArguments, resume: str | Path | None = None) -> dict:
     model.train()
     bar = tqdm(total=total_steps, initial=step, disable=not (args.progress and accelerator.is_main_process), unit="step")
     start_time, window_start, window_tokens = time.perf_counter(), time.perf_counter(), 0
-    last_eval, train_loss = None, None
     while step < total_steps:
         input_ids = data.batch(step)[rank * per_rank : (rank + 1) * per_rank].to(accelerator.device)  # (B, T)
         with accelerator.autocast():
@@ -532,11 +586,13 @@ def train(args: TrainingArguments, resume: str | Path | None = None) -> dict:
             window_start, window_tokens = time.perf_counter(), 0  # evaluation time is not training speed
         log(row)
         if args.save_every and step % args.save_every == 0 and step < total_steps:
-            _save_checkpoint(accelerator, out, args, tokenizer, step, tokens, elapsed_before + time.perf_counter() - start_time)
+            _save_checkpoint(accelerator, out, args, tokenizer, step, tokens, elapsed_before + time.perf_counter() - start_time,
+                             train_loss, last_eval)
     bar.close()
 
     elapsed = elapsed_before + time.perf_counter() - start_time
-    _save_checkpoint(accelerator, out, args, tokenizer, step, tokens, elapsed)
+    if checkpoint is None or step > state["step"]:  # a run resumed at its end already has this checkpoint
+        _save_checkpoint(accelerator, out, args, tokenizer, step, tokens, elapsed, train_loss, last_eval)
     final = _save_model(accelerator, model, tokenizer, out)
     summary = {
         "steps": step,
@@ -549,7 +605,7 @@ def train(args: TrainingArguments, resume: str | Path | None = None) -> dict:
         "model": str(final),
     }
     if accelerator.is_main_process:
-        (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        write_text(summary_path, json.dumps(summary, indent=2) + "\n")
         try:
             plot_losses(log_path, out / "loss.png")
         except GatedQwenError as error:
@@ -571,7 +627,7 @@ def _truncate_log(log_path: Path, step: int) -> None:
     if not log_path.exists():
         return
     rows = list(csv.DictReader(log_path.open()))
-    with log_path.open("w", newline="") as f:
+    with output_file(log_path) as partial, partial.open("w", newline="") as f:
         writer = csv.DictWriter(f, LOG_FIELDS)
         writer.writeheader()
         writer.writerows(r for r in rows if int(r["step"]) <= step)
@@ -586,6 +642,7 @@ __all__ = [
     "latest_checkpoint",
     "pack_documents",
     "plot_losses",
+    "read_checkpoint",
     "read_documents",
     "train",
     "train_tokenizer",

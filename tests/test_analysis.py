@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 from conftest import tiny_config, write_released_checkpoint, write_tiny_tokenizer
-from transformers import Qwen3Config, Qwen3ForCausalLM
+from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 
 from gated_qwen import Qwen3GatedForCausalLM
 from gated_qwen.analysis import (
@@ -270,7 +270,7 @@ def test_analyze_command_writes_json_and_figures(two_arms, tmp_path, capsys):
 
     # never overwrites unless asked; nothing is left half-written
     assert main(argv) == 2
-    assert "already exists" in capsys.readouterr().err
+    assert "is not empty; choose another folder or pass --overwrite" in capsys.readouterr().err
     with pytest.raises(SystemExit, match="2"):  # --text and --prompt exclude each other (argparse)
         main([*argv, "--prompt", "x"])
     assert main([*argv, "--overwrite", "--no-plots"]) == 0
@@ -282,7 +282,7 @@ def test_analyze_command_writes_json_and_figures(two_arms, tmp_path, capsys):
     assert main(["analyze", str(headwise), "--prompt", "Hi", "--out", str(tmp_path / "x"), "--subfolder", "a", "b"]) == 2
     assert "--subfolder" in capsys.readouterr().err
     assert main(["analyze", str(tmp_path / "missing"), "--prompt", "Hi", "--out", str(tmp_path / "x")]) == 2
-    assert "missing is not a folder" in capsys.readouterr().err
+    assert "missing does not exist" in capsys.readouterr().err
 
 
 def test_analyze_without_matplotlib_says_what_to_install(two_arms, tmp_path, capsys, monkeypatch):
@@ -293,3 +293,61 @@ def test_analyze_without_matplotlib_says_what_to_install(two_arms, tmp_path, cap
     assert "gated-qwen[plot]" in capsys.readouterr().err
     assert main(["analyze", str(two_arms[1]), "--prompt", "Hello world hello", "--out", str(tmp_path / "o"), "--no-plots"]) == 0
     assert json.loads((tmp_path / "o" / "analysis.json").read_text())["figures"] == []
+
+
+def test_analyze_a_released_arm_as_downloaded(tmp_path, capsys):
+    """qwen2 label, pytorch_model.bin, Qwen's tokenizer (no BOS): analyze loads it and measures every gate."""
+    from conftest import write_released_arm
+
+    arm = tmp_path / "1B_gate_elementwise"
+    write_released_arm(arm, gate="elementwise", gate_scale=3.0)
+    assert main(["analyze", str(arm), "--prompt", "The gate scales each head. Hello world.", "--out", str(tmp_path / "o"),
+                 "--no-plots", "--context", "8"]) == 0
+    report = json.loads((tmp_path / "o" / "analysis.json").read_text())["models"]["1B_gate_elementwise"]
+    assert report["gate_type"] == "elementwise" and len(report["gates"]["layers"]) == 2
+    tokens = len(AutoTokenizer.from_pretrained(arm)("The gate scales each head. Hello world.")["input_ids"])
+    assert report["gates"]["overall"]["count"] == 2 * 4 * 8 * tokens  # layers x heads x head_dim x tokens
+    assert 0 < report["gates"]["overall"]["mean"] < 1
+
+
+class Payload:
+    """Unpickling this runs code: it makes the folder it names."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        import os
+
+        return (os.mkdir, (self.path,))
+
+
+def test_analyze_refuses_a_malicious_bin_in_one_line(two_arms, tmp_path, capsys):
+    arm = two_arms[1]
+    state = torch.load(arm / "pytorch_model.bin", weights_only=True)
+    torch.save({**state, "model.norm.weight": Payload(tmp_path / "payload-ran")}, arm / "pytorch_model.bin")
+    assert main(["analyze", str(arm), "--prompt", "Hello world", "--out", str(tmp_path / "o"), "--no-plots"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    (message,) = [line for line in err.splitlines() if line.startswith("gated-qwen analyze: error:")]
+    assert "pytorch_model.bin holds a pickle that is not plain tensors" in message and "posix.mkdir" in message
+    assert not (tmp_path / "payload-ran").exists() and not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("option, value", [("--batch-size", "0"), ("--batch-size", "-1"), ("--max-tokens", "0"), ("--context", "1")])
+def test_analyze_refuses_out_of_range_numbers_in_one_line(two_arms, tmp_path, capsys, option, value):
+    out = tmp_path / "report"
+    assert main(["analyze", str(two_arms[1]), "--prompt", "Hello world", "--out", str(out), option, value]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gated-qwen analyze: error: ") and err.count("\n") == 1 and "Traceback" not in err
+    assert f"{option} must be at least" in err and f"not {value}" in err
+    assert not out.exists()
+
+
+def test_analyze_a_folder_without_tokenizer_says_the_tokenizer_is_missing(tmp_path, capsys):
+    weights_only = tmp_path / "weights_only"
+    write_released_checkpoint(weights_only, vocab_size=320)
+    assert main(["analyze", str(weights_only), "--prompt", "Hello world", "--no-plots", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "has no tokenizer files: it needs tokenizer.json" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()

@@ -172,3 +172,12 @@ def test_decode_time_is_the_median_step(monkeypatch):
             return torch.zeros(1, input_ids.shape[1] + generation_config.max_new_tokens, dtype=torch.long)
 
     assert time_decode(FakeModel(), torch.tensor([[1, 2]]), new_tokens=4) == 1.0
+
+
+def test_size_1b_is_the_released_architecture_from_configs():
+    from gated_qwen.benchmark import architecture
+
+    arch = architecture(BenchmarkOptions(size="1b", overrides={"num_hidden_layers": 2}))
+    assert {k: arch[k] for k in ("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim")} == {
+        "vocab_size": 152064, "hidden_size": 2048, "intermediate_size": 6144, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128}
+    assert arch["num_hidden_layers"] == 2 and arch["tie_word_embeddings"] is True

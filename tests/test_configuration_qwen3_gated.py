@@ -63,3 +63,40 @@ def test_another_model_type_is_refused(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
     with pytest.raises(CheckpointError, match="'llama' model, not Qwen3 or Qwen3Gated"):
         Qwen3GatedConfig.from_pretrained(tmp_path)
+
+
+def test_released_config_is_read_by_its_keys_whatever_its_model_type():
+    released = {"model_type": "qwen2", "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+                "headwise_attn_output_gate": True, "use_qk_norm": True, "use_sliding_window": False, "max_window_layers": 28}
+    config = Qwen3GatedConfig.from_dict(released)
+    assert config.gate_type == "headwise" and config.head_dim == 16  # hidden / heads, not Qwen3's 128
+    assert config.layer_types == ["full_attention"] * config.num_hidden_layers
+    only_auto_map = {"model_type": "qwen2", "auto_map": {"AutoConfig": "configuration_qwen3.Qwen3Config"}}
+    assert Qwen3GatedConfig.from_dict(only_auto_map).gate_type == "none"
+
+
+def test_a_genuine_qwen2_config_is_refused_naming_what_it_is(tmp_path):
+    from transformers import Qwen2Config
+
+    Qwen2Config(hidden_size=32, num_attention_heads=4, num_key_value_heads=2).save_pretrained(tmp_path)
+    with pytest.raises(CheckpointError, match="is a Qwen2 model .*no QK-norm.*Qwen2ForCausalLM"):
+        Qwen3GatedConfig.from_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "name, gate, parameters",
+    [("1B_baseline", "none", 1720.8e6), ("1B_gate_headwise", "headwise", 1721.8e6), ("1B_gate_elementwise", "elementwise", 1728.2e6)],
+)
+def test_released_arm_configs_give_the_measured_parameter_counts(name, gate, parameters):
+    """configs/1B_*.json against the parameter counts measured on the downloaded arms (RELEASED_FORMAT.md)."""
+    import torch
+    from pathlib import Path
+
+    from gated_qwen import Qwen3GatedForCausalLM
+
+    path = Path(__file__).resolve().parents[1] / "configs" / f"{name}.json"
+    config = Qwen3GatedConfig.from_dict(json.loads(path.read_text()))
+    assert config.gate_type == gate and config.vocab_size == 152064
+    with torch.device("meta"):
+        model = Qwen3GatedForCausalLM(config)
+    assert sum(p.numel() for p in model.parameters()) == pytest.approx(parameters, abs=0.05e6)

@@ -381,6 +381,7 @@ def fake_hub(monkeypatch, snapshot: Path, listing: dict[str, int]):
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot_download)
     monkeypatch.setattr(huggingface_hub.HfApi, "list_repo_tree", fake_list_repo_tree)
+    monkeypatch.setattr("gated_qwen.checkpoint.resolve_source", lambda *args: None)  # the hub probe (tests/test_hub.py)
     return calls
 
 

@@ -197,6 +197,7 @@ def test_missing_model_without_embedded_default(capsys, monkeypatch):
 
 def test_missing_model_folder(tmp_path, capsys):
     assert_one_line_error(*run_generate(capsys, "--model", tmp_path / "nowhere", "Hello"), "nowhere does not exist")
+    assert_one_line_error(*run_generate(capsys, "--model", "./missing_dir", "Hello"), "./missing_dir does not exist: there is no such folder")
 
 
 def test_folder_of_several_arms_asks_for_a_subfolder(checkpoint, capsys):
@@ -329,3 +330,83 @@ def test_attention_that_fails_to_compile_is_one_message(checkpoint, monkeypatch)
     config = generation.build_generation_config(model, tokenizer, max_new_tokens=2)
     with pytest.raises(generation.GatedQwenError, match=r"failed to compile on cpu \(C\+\+ compile error\); use --attn sdpa"):
         list(generation.generate(model, tokenizer, ["Hello"], config))
+
+
+# ---------------------------------------------------------------------------------------------- a released arm as downloaded
+
+
+@pytest.fixture(scope="module")
+def released_arm(tmp_path_factory) -> Path:
+    """An arm as the hub has it: qwen2 label, pytorch_model.bin, Qwen's tokenizer without BOS or pad, vocabulary 152064."""
+    from conftest import write_released_arm
+
+    folder = tmp_path_factory.mktemp("released") / "1B_gate_headwise"
+    write_released_arm(folder, gate="headwise", dtype=torch.bfloat16, gate_scale=3.0)
+    return folder
+
+
+def test_released_arm_with_qwen_tokenizer_batches_like_one_at_a_time(released_arm, capsys):
+    tokenizer = AutoTokenizer.from_pretrained(released_arm)
+    assert tokenizer.bos_token is None and tokenizer.pad_token is None  # as released: batching must still work
+    common = ("--model", released_arm, "--json", "--greedy", "--max-new-tokens", 8, *PROMPTS)
+    code, batched_out, err = run_generate(capsys, "--batch-size", 3, *common)
+    assert code == 0, err
+    _, single_out, _ = run_generate(capsys, "--batch-size", 1, *common)
+    batched, single = json_records(batched_out), json_records(single_out)
+    assert len({len(tokenizer(p)["input_ids"]) for p in PROMPTS}) > 1  # padding happens
+    assert [(r["completion"], r["new_tokens"]) for r in batched] == [(r["completion"], r["new_tokens"]) for r in single]
+    assert all(r["new_tokens"] > 0 for r in batched)
+    assert single[0]["completion"] == reference_completion(released_arm, PROMPTS[0], 8)
+
+
+class Payload:
+    """Unpickling this runs code: it makes the folder it names."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        import os
+
+        return (os.mkdir, (self.path,))
+
+
+def test_a_malicious_bin_is_one_line_not_a_traceback(tmp_path, capsys):
+    spec = write_released_checkpoint(tmp_path / "arm", vocab_size=320)
+    write_tiny_tokenizer(tmp_path / "arm")
+    torch.save({**spec["tensors"], "lm_head.weight": Payload(tmp_path / "payload-ran")}, tmp_path / "arm" / "pytorch_model.bin")
+    code, out, err = run_generate(capsys, "--model", tmp_path / "arm", "Hello")
+    assert_one_line_error(code, out, err, "pytorch_model.bin holds a pickle that is not plain tensors", "nothing in it ran")
+    assert not (tmp_path / "payload-ran").exists()
+
+
+def test_the_first_command_gives_the_same_text_every_run(capsys):
+    """README's first command: the embedded model samples (its generation config), seeded with 0 by default."""
+    if default_models.default_model_path() is None:
+        pytest.skip("this install has no embedded default model")
+    prompt = "def read_config(path):"
+    runs = [run_generate(capsys, "--max-new-tokens", 24, "--no-stream", prompt) for _ in range(2)]
+    assert runs[0][0] == 0 and runs[0] == runs[1]
+    assert run_generate(capsys, "--max-new-tokens", 24, "--no-stream", "--seed", 0, prompt) == runs[0]
+    assert run_generate(capsys, "--max-new-tokens", 24, "--no-stream", "--seed", 1, prompt)[1] != runs[0][1]  # it samples
+
+
+def test_terminal_stays_clean_unless_verbose(capfd):
+    """No "Loading weights" bar, and no note about sampling flags inside greedy streamed text (the embedded
+    model's generation config samples at temperature 0.8)."""
+    if default_models.default_model_path() is None:
+        pytest.skip("this install has no embedded default model")
+    assert main(["generate", "--greedy", "--max-new-tokens", "8", "def add(a, b):"]) == 0
+    out, err = capfd.readouterr()
+    assert out.startswith("def add(a, b):") and err == ""
+    assert main(["generate", "--greedy", "--max-new-tokens", "8", "--verbose", "def add(a, b):"]) == 0
+    assert "Loading weights" in capfd.readouterr().err
+
+
+def test_a_bare_model_checkpoint_is_refused(tmp_path, capsys):
+    from gated_qwen import Qwen3GatedModel
+
+    write_released_checkpoint(tmp_path / "src", vocab_size=320)
+    Qwen3GatedModel(Qwen3GatedForCausalLM.config_class.from_pretrained(tmp_path / "src")).save_pretrained(tmp_path / "bare")
+    write_tiny_tokenizer(tmp_path / "bare")
+    assert_one_line_error(*run_generate(capsys, "--model", tmp_path / "bare", "Hello"), "lacks lm_head.weight", "not a complete causal language model")

@@ -321,3 +321,193 @@ def test_tensor_parallel_plan_shards_q_proj_with_its_gate_rows():
     for rank, shard in enumerate(weight.chunk(2, dim=0)):
         local_query, local_gate = split_query_and_gate(shard, 1, 8, 1, dim=0)
         assert torch.equal(local_query, query[rank : rank + 1]) and torch.equal(local_gate, gate[rank : rank + 1])
+
+
+# ---------------------------------------------------------------------------------------------- the released layout
+
+
+@pytest.mark.parametrize("gate", ["none", "headwise", "elementwise"])
+def test_released_bin_gives_the_logits_of_the_same_weights_as_safetensors(tmp_path, gate):
+    """The release as it is (model_type qwen2, one pytorch_model.bin, no head_dim) loads to the same model."""
+    write_released_checkpoint(tmp_path / "bin", gate=gate, dtype=torch.bfloat16)
+    write_released_checkpoint(tmp_path / "safetensors", gate=gate, dtype=torch.bfloat16, weights="safetensors")
+    config = json.loads((tmp_path / "bin" / "config.json").read_text())
+    assert config["model_type"] == "qwen2" and "head_dim" not in config and sorted(p.name for p in (tmp_path / "bin").iterdir()) == [
+        "config.json", "configuration_qwen3.py", "modeling_qwen3.py", "pytorch_model.bin"]
+    from_bin, from_safetensors = load(tmp_path / "bin", dtype="auto"), load(tmp_path / "safetensors", dtype="auto")
+    assert from_bin.dtype == torch.bfloat16 and from_bin.config.head_dim == 8 and from_bin.config.gate_type == gate
+    with torch.no_grad():
+        assert torch.equal(from_bin(ids()).logits, from_safetensors(ids()).logits)
+
+
+def test_missing_head_dim_means_hidden_over_heads(tmp_path):
+    """Not transformers' Qwen3 default of 128: the authors' code computes hidden_size / num_attention_heads."""
+    write_released_checkpoint(tmp_path, hidden_size=48, num_attention_heads=4, num_key_value_heads=2, head_dim=12)
+    assert "head_dim" not in json.loads((tmp_path / "config.json").read_text())
+    model = load(tmp_path)
+    assert model.config.head_dim == 12 and model.model.layers[0].self_attn.q_proj.weight.shape == (4 * 12 + 4, 48)
+
+
+def test_a_genuine_qwen2_checkpoint_is_refused(tmp_path):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    Qwen2ForCausalLM(Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                 num_attention_heads=4, num_key_value_heads=2)).save_pretrained(tmp_path, safe_serialization=False)
+    with pytest.raises(CheckpointError, match="is a Qwen2 model .*biases on q/k/v, no QK-norm.*Qwen2ForCausalLM"):
+        load(tmp_path)
+
+
+def test_a_headwise_bin_under_an_elementwise_config_names_layer_and_shapes_before_loading(tmp_path, monkeypatch):
+    write_released_checkpoint(tmp_path, gate="headwise")
+    config = json.loads((tmp_path / "config.json").read_text())
+    config.update(headwise_attn_output_gate=False, elementwise_attn_output_gate=True)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    loads = []
+    real_load = torch.load
+    monkeypatch.setattr(torch, "load", lambda *a, **k: loads.append(k["map_location"]) or real_load(*a, **k))
+    with pytest.raises(CheckpointError, match=r"q_proj.weight has shape \(36, 32\).*expects \(64, 32\).*'headwise' gate"):
+        load(tmp_path)
+    assert loads == ["meta"]  # the shapes came from the pickle alone; no tensor data was read
+
+
+class Payload:
+    """Unpickling this runs code: it makes the folder it names."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        import os
+
+        return (os.mkdir, (self.path,))
+
+
+def test_a_bin_whose_pickle_would_run_code_is_refused_in_one_line(tmp_path):
+    spec = write_released_checkpoint(tmp_path / "arm")
+    torch.save({**spec["tensors"], "model.norm.weight": Payload(tmp_path / "payload-ran")}, tmp_path / "arm" / "pytorch_model.bin")
+    with pytest.raises(CheckpointError, match="pytorch_model.bin holds a pickle that is not plain tensors") as error:
+        load(tmp_path / "arm")
+    assert "\n" not in str(error.value) and not (tmp_path / "payload-ran").exists()
+
+
+def test_hub_subfolder_fetches_only_what_loading_needs(tmp_path, monkeypatch):
+    """from_pretrained("QwQZh/gated_attention", subfolder=...) against a hub cache laid out like the real repo:
+    config, weights and generation config are fetched; the authors' .py files beside them never are."""
+    import huggingface_hub.constants
+    import transformers.utils.hub as transformers_hub
+
+    from conftest import write_released_arm
+
+    commit = "aad415c45ec6b4fa727ef3ff3f4e9f62f958d49b"
+    repo = tmp_path / "cache" / "models--QwQZh--gated_attention"
+    spec = write_released_arm(repo / "snapshots" / commit / "1B_gate_headwise", vocab_size=300)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    asked = []  # every file transformers resolves, from the cache or by download
+    for name in ("try_to_load_from_cache", "hf_hub_download"):
+        real = getattr(transformers_hub, name)
+        monkeypatch.setattr(transformers_hub, name, lambda repo_id, filename, _real=real, **k: asked.append(filename) or _real(repo_id, filename, **k))
+    monkeypatch.setattr(transformers_hub, "snapshot_download", lambda *a, **k: pytest.fail(f"snapshot_download {k.get('allow_patterns')}"))
+    model = load("QwQZh/gated_attention", subfolder="1B_gate_headwise", cache_dir=tmp_path / "cache")
+    assert model.config.gate_type == "headwise"
+    assert torch.equal(model.model.norm.weight, spec["tensors"]["model.norm.weight"])
+    asked = {name.rpartition("/")[2] for name in asked}
+    assert {"config.json", "pytorch_model.bin"} <= asked and not [name for name in asked if name.endswith(".py")], asked
+
+
+# Loading follows transformers' conventions for task heads, explicit state dicts and ignore_mismatched_sizes,
+# and stays strict where a mismatch means the config does not describe the weights.
+
+
+def test_causal_lm_lists_generation_mixin_among_its_direct_bases():
+    from transformers import GenerationMixin
+
+    assert GenerationMixin in Qwen3GatedForCausalLM.__bases__
+    assert Qwen3GatedForCausalLM.can_generate()
+
+
+def test_a_bare_model_checkpoint_loads_into_the_causal_lm_with_a_fresh_head(tmp_path):
+    from gated_qwen import Qwen3GatedModel
+
+    bare = Qwen3GatedModel(tiny_config(gate="headwise"))
+    bare.save_pretrained(tmp_path)
+    model, info = Qwen3GatedForCausalLM.from_pretrained(tmp_path, output_loading_info=True)
+    assert set(info["missing_keys"]) == {"lm_head.weight"}
+    assert torch.equal(model.model.layers[1].self_attn.q_proj.weight, bare.layers[1].self_attn.q_proj.weight)
+
+
+def test_a_causal_lm_checkpoint_without_its_head_is_refused(tmp_path):
+    write_released_checkpoint(tmp_path, tie_word_embeddings=True)  # no lm_head.weight in the file
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["tie_word_embeddings"] = False
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=r"lacks weights the model needs: lm_head\.weight"):
+        load(tmp_path)
+
+
+def test_an_explicit_state_dict_is_loaded_as_transformers_does():
+    config = tiny_config(gate="elementwise")
+    model, info = Qwen3GatedForCausalLM.from_pretrained(None, config=config, state_dict={}, output_loading_info=True)
+    assert set(info["missing_keys"]) == set(model.state_dict())  # everything initialised, and reported
+    source = Qwen3GatedForCausalLM(config)
+    partial = {k: v for k, v in source.state_dict().items() if ".layers.1." not in k}
+    model, info = Qwen3GatedForCausalLM.from_pretrained(None, config=config, state_dict=partial, output_loading_info=True)
+    assert info["missing_keys"] and all(".layers.1." in key for key in info["missing_keys"])
+    assert torch.equal(model.model.layers[0].self_attn.q_proj.weight, source.model.layers[0].self_attn.q_proj.weight)
+
+
+def test_a_checkpoint_of_none_of_the_model_weights_is_reported_not_refused(tmp_path):
+    from safetensors.torch import save_file
+
+    Qwen3GatedForCausalLM(tiny_config()).save_pretrained(tmp_path)
+    save_file({"tensor": torch.tensor([1, 2])}, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    model, info = Qwen3GatedForCausalLM.from_pretrained(tmp_path, output_loading_info=True)
+    assert set(info["unexpected_keys"]) == {"tensor"}
+    assert set(info["missing_keys"]) == set(model.state_dict())
+
+
+def test_a_released_arm_missing_part_of_its_decoder_is_refused(tmp_path):
+    write_released_checkpoint(tmp_path, gate="headwise")  # one pytorch_model.bin, as released
+    tensors = torch.load(tmp_path / "pytorch_model.bin", weights_only=True)
+    del tensors["model.layers.1.mlp.down_proj.weight"], tensors["model.layers.1.input_layernorm.weight"]
+    torch.save(tensors, tmp_path / "pytorch_model.bin")
+    with pytest.raises(CheckpointError, match=r"lacks weights the model needs: model\.layers\.1\.input_layernorm"):
+        load(tmp_path)
+
+
+def test_task_heads_follow_transformers(tmp_path):
+    from gated_qwen import Qwen3GatedModel
+
+    config = tiny_config(gate="headwise")
+    config.pad_token_id = 0
+    Qwen3GatedForSequenceClassification(config).save_pretrained(tmp_path / "classifier")
+    # a classifier checkpoint into the bare model: the score head is dropped and reported
+    bare, info = Qwen3GatedModel.from_pretrained(tmp_path / "classifier", output_loading_info=True)
+    assert set(info["unexpected_keys"]) == {"score.weight"} and not info["missing_keys"]
+    # ... into a classifier with another number of labels: an error, unless ignore_mismatched_sizes
+    with pytest.raises(RuntimeError, match="ignore_mismatched_sizes"):
+        Qwen3GatedForSequenceClassification.from_pretrained(tmp_path / "classifier", num_labels=5)
+    resized, info = Qwen3GatedForSequenceClassification.from_pretrained(
+        tmp_path / "classifier", num_labels=5, ignore_mismatched_sizes=True, output_loading_info=True
+    )
+    assert resized.score.weight.shape == (5, 32)
+    assert [key for key, *_ in info["mismatched_keys"]] == ["score.weight"]
+
+
+def test_ignore_mismatched_sizes_does_not_reinitialise_gate_rows(tmp_path):
+    write_released_checkpoint(tmp_path, gate="headwise")
+    with pytest.raises(CheckpointError, match="q_proj"):
+        load(tmp_path, headwise_attn_output_gate=False, elementwise_attn_output_gate=True, ignore_mismatched_sizes=True)
+
+
+def test_strict_false_loads_as_transformers_does(tmp_path):
+    write_released_checkpoint(tmp_path, qkv_bias=True)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["qkv_bias"] = False
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match="strict=False"):
+        load(tmp_path)
+    model, info = Qwen3GatedForCausalLM.from_pretrained(tmp_path, strict=False, output_loading_info=True)
+    assert "model.layers.0.self_attn.q_proj.bias" in info["unexpected_keys"]
+    assert model.model.layers[0].self_attn.q_proj.bias is None

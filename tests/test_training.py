@@ -141,3 +141,142 @@ def test_the_default_model_is_the_headwise_arm_and_the_pair_is_small():
     assert default_model_path() == default_model_path("headwise")
     shipped = [p for arm in ("headwise", "baseline") for p in default_model_path(arm).iterdir()]
     assert sum(p.stat().st_size for p in shipped) < 30 * 2**20
+
+
+# ---------------------------------------------------------------------------------------------- writing and resuming safely
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """A finished 4-step run with a checkpoint at step 2 and at the end: (corpus, run folder, its summary)."""
+    root = tmp_path_factory.mktemp("finished")
+    corpus = root / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": f"{i}: {text}"}) + "\n" for i in range(12) for text in TOKENIZER_TEXT))
+    summary = train(tiny_args(corpus, root / "run", max_steps=4, save_every=2))
+    return corpus, root / "run", summary
+
+
+def cli_train(corpus: Path, out: Path, *extra: str) -> list[str]:
+    """The command line of tiny_args(corpus, out, max_steps=4, save_every=2)."""
+    return ["train", "--train-file", str(corpus), "--heldout-file", str(corpus), "--out", str(out), "--config", TINY_CONFIG,
+            "--gate", "headwise", "--vocab-size", "300", "--seq-len", "32", "--batch-size", "4", "--max-steps", "4",
+            "--lr", "3e-3", "--warmup-steps", "2", "--eval-every", "4", "--eval-rows", "8", "--save-every", "2",
+            "--threads", "1", "--no-progress", *extra]
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def assert_one_line(err: str, *parts: str) -> None:
+    assert err.startswith("gated-qwen train: error: ") and err.count("\n") == 1 and "Traceback" not in err, err
+    for part in parts:
+        assert part in err, (part, err)
+
+
+def test_empty_training_text_writes_nothing_and_a_rerun_works(corpus, tmp_path, capsys):
+    (tmp_path / "empty.txt").write_text("")
+    out = tmp_path / "run"
+    args = ["train", "--train-file", str(tmp_path / "empty.txt"), "--out", str(out), "--config", TINY_CONFIG,
+            "--vocab-size", "300", "--seq-len", "32", "--batch-size", "4", "--max-steps", "1", "--no-progress"]
+    assert main(args) == 2
+    assert_one_line(capsys.readouterr().err, "fewer than one batch")
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["corpus.jsonl", "empty.txt"]
+    args[2] = str(corpus)
+    assert main(args) == 0  # the same --out, now with text: not refused as "not empty"
+    assert (out / "final" / "model.safetensors").is_file() and (out / "summary.json").is_file()
+
+
+@pytest.mark.parametrize(
+    "damaged, damage, message",
+    [
+        ("model.safetensors", "truncate", "model.safetensors is damaged or truncated"),
+        ("optimizer.bin", "truncate", "optimizer.bin is damaged or truncated"),
+        ("trainer_state.json", "truncate", "trainer_state.json is not readable JSON"),
+        ("random_states_0.pkl", "delete", "has no random_states_0.pkl"),
+    ],
+)
+def test_resume_from_a_damaged_checkpoint_names_the_file_and_writes_nothing(finished_run, tmp_path, capsys, damaged, damage, message):
+    import shutil
+
+    corpus, run, _ = finished_run
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    path = copy / "checkpoint-4" / damaged
+    if damage == "truncate":
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    else:
+        path.unlink()
+    before = snapshot(copy)
+    assert main(cli_train(corpus, tmp_path / "elsewhere", "--resume", str(copy))) == 2
+    assert_one_line(capsys.readouterr().err, str(path) if damage == "truncate" else message, message,
+                    f"resume from {copy / 'checkpoint-2'} instead")
+    assert main(cli_train(corpus, copy, "--resume", str(copy))) == 2  # resumed into its own folder
+    assert snapshot(copy) == before and not (tmp_path / "elsewhere").exists()
+
+
+def test_a_pickle_payload_in_optimizer_bin_never_runs(finished_run, tmp_path, capsys):
+    import shutil
+
+    corpus, run, _ = finished_run
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    marker = tmp_path / "payload-ran"
+
+    class Payload:  # unpickling calls open(marker, "w"): the file appears if the pickle is ever run
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    state = torch.load(copy / "checkpoint-4" / "optimizer.bin", weights_only=True)
+    state["payload"] = Payload()
+    torch.save(state, copy / "checkpoint-4" / "optimizer.bin")
+    before = snapshot(copy)
+    assert main(cli_train(corpus, copy, "--resume", str(copy))) == 2
+    assert_one_line(capsys.readouterr().err, "optimizer.bin holds more than plain tensors", "it was not loaded")
+    assert not marker.exists()
+    assert snapshot(copy) == before
+
+
+def test_resuming_a_finished_run_keeps_its_results(finished_run, tmp_path):
+    import shutil
+
+    corpus, run, summary = finished_run
+    assert summary["final_train_loss"] is not None and summary["heldout"] is not None
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    before = snapshot(copy)
+    again = train(tiny_args(corpus, copy, max_steps=4, save_every=2), resume=copy)
+    assert again == json.loads((copy / "summary.json").read_text()) and again["final_train_loss"] == summary["final_train_loss"]
+    assert snapshot(copy) == before  # nothing rewritten
+
+    # killed after its last checkpoint, before summary.json: resuming finishes it with the same results
+    (copy / "summary.json").unlink()
+    shutil.rmtree(copy / "final")
+    done = train(tiny_args(corpus, copy, max_steps=4, save_every=2), resume=copy)
+    ignore = {"elapsed_s", "model"}
+    assert {k: v for k, v in done.items() if k not in ignore} == {k: v for k, v in summary.items() if k not in ignore}
+    assert (copy / "final" / "model.safetensors").read_bytes() == (run / "final" / "model.safetensors").read_bytes()
+
+
+def test_a_resumed_run_removes_the_checkpoint_a_killed_run_was_writing(finished_run, tmp_path):
+    import shutil
+    import subprocess
+    import sys
+
+    corpus, run, _ = finished_run
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    shutil.rmtree(copy / "checkpoint-4")
+    shutil.rmtree(copy / "final")
+    (copy / "summary.json").unlink()
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()  # a process that is gone, as a killed run is
+    from gated_qwen.outputs import _host_hash
+
+    stale = copy / f".checkpoint-4.gated-qwen-{child.pid}-0-{_host_hash()}-abcdef.partial"
+    shutil.copytree(run / "checkpoint-2", stale)
+    train(tiny_args(corpus, copy, max_steps=4, save_every=2), resume=copy)
+    assert not stale.exists()
+    assert sorted(p.name for p in copy.iterdir()) == [
+        "checkpoint-2", "checkpoint-4", "final", "log.csv", "loss.png", "summary.json", "tokenizer", "train_args.json"
+    ]

@@ -2,8 +2,10 @@
 
 Each subcommand is a module of this package (found by name, so adding one needs no edit here) with
 ``add_parser(subparsers)``, which registers its arguments and sets ``run``; the library work lives
-in the package's other modules, and a subcommand module imports them only when it runs. A user-facing
-error prints as one line on stderr and exits 2; ``GATED_QWEN_DEBUG=1`` shows the traceback instead.
+in the package's other modules, and a subcommand module imports them only when it runs: ``--help``,
+``--version`` and every subcommand's ``--help`` import neither torch nor transformers. A user-facing
+error, a wrong argument included, prints as one line on stderr and exits 2; ``GATED_QWEN_DEBUG=1`` shows
+the traceback instead.
 """
 
 from __future__ import annotations
@@ -14,10 +16,23 @@ import os
 import pkgutil
 import sys
 
-def build_parser() -> argparse.ArgumentParser:
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser, whose usage errors are one line (what is wrong, where to look) and exit status 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def build_parser() -> ArgumentParser:
+    """The ``gated-qwen`` parser with every subcommand; imports only the subcommand modules (light).
+
+    >>> build_parser().parse_args(["inspect", "some/folder"]).command
+    'inspect'
+    """
     from .. import __version__
 
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="gated-qwen",
         description="Gated-attention Qwen3 models (arXiv 2505.06708) on current transformers.",
     )

@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 
 def add_parser(subparsers) -> None:
-    from ..devices import DEVICES, DTYPES
+    from ..names import DEVICES, DTYPES
 
     parser = subparsers.add_parser(
         "analyze",
@@ -29,8 +26,8 @@ def add_parser(subparsers) -> None:
         "--subfolder", nargs="+", default=[""], metavar="S",
         help="folder inside the repo or path: one for all models, or one per model in order (MODEL, then --compare)",
     )
-    parser.add_argument("--out", default="analysis", metavar="DIR", help="output folder (default: ./analysis)")
-    parser.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    parser.add_argument("--out", default="analysis", metavar="DIR", help="output folder: missing or empty unless --overwrite (default: ./analysis)")
+    parser.add_argument("--overwrite", action="store_true", help="replace the contents of a non-empty --out")
     parser.add_argument("--layers", type=int, nargs="+", metavar="L", help="layers whose attention maps to draw (default: first, middle, last)")
     parser.add_argument("--max-tokens", type=int, default=256, help="tokens of the text the gates, sinks and activations are measured on (default 256)")
     parser.add_argument("--skip-queries", type=int, default=0, help="leave the first N queries out of the first-token attention (default 0)")
@@ -40,16 +37,8 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--dtype", default="float32", choices=list(DTYPES), help="dtype to run in (default float32)")
     parser.add_argument("--device", default="auto", choices=DEVICES, help="auto: cuda, then mps, then cpu")
     parser.add_argument("--no-plots", action="store_true", help="write the JSON only (no matplotlib needed)")
+    parser.add_argument("--verbose", action="store_true", help="show transformers' log messages and progress bars")
     parser.set_defaults(run=run)
-
-
-def _label(model: str, subfolder: str, taken: set[str]) -> str:
-    label = Path(subfolder).name if subfolder else Path(model.rstrip("/")).name or model
-    base, n = label, 2
-    while label in taken:
-        label, n = f"{base}-{n}", n + 1
-    taken.add(label)
-    return label
 
 
 def analyze_model(model, tokenizer, text: str, args) -> tuple[dict, dict]:
@@ -140,12 +129,17 @@ def _print_table(numbers: dict) -> None:
 
 
 def run(args) -> int:
-    from transformers import AutoTokenizer
-
     from ..devices import resolve_device, resolve_dtype
     from ..errors import GatedQwenError
-    from ..modeling_qwen3_gated import Qwen3GatedForCausalLM
+    from ..generation import check_tokenizer_files, load_model_and_tokenizer, local_checkpoint_folder
+    from ..names import model_label
+    from ..outputs import OutputFolder
+    from ..verbosity import quiet_transformers
 
+    for option, least in (("batch_size", 1), ("max_tokens", 1), ("context", 2), ("stride", 1), ("skip_queries", 0)):
+        value = getattr(args, option)
+        if value is not None and value < least:
+            raise GatedQwenError(f"--{option.replace('_', '-')} must be at least {least}, not {value}")
     models = [args.model, *args.compare]
     if len(args.subfolder) not in (1, len(models)):
         raise GatedQwenError(f"--subfolder takes one folder for all models or one per model ({len(models)}), not {len(args.subfolder)}")
@@ -157,46 +151,32 @@ def run(args) -> int:
             raise GatedQwenError(f"{args.text} is not UTF-8 text") from None
     else:
         text = args.prompt
-    for model_name, subfolder in zip(models, subfolders):
-        local = Path(model_name).expanduser() / subfolder
-        if (Path(model_name).expanduser().exists() or model_name.startswith((".", "/", "~"))) and not local.is_dir():
-            raise GatedQwenError(f"{local} is not a folder; give a checkpoint folder or a hub id like owner/name")
-    out = Path(args.out)
-    if out.exists() and not args.overwrite:
-        raise GatedQwenError(f"{out} already exists; pass --overwrite to replace it or choose another --out")
+    for model_name, subfolder in zip(models, subfolders):  # every source checked before any model is loaded
+        local_checkpoint_folder(model_name, subfolder)
+        check_tokenizer_files(model_name, subfolder)
+    output = OutputFolder(args.out, overwrite=args.overwrite)  # checked before any model is loaded
     if not args.no_plots:
         from ..analysis import _pyplot
 
         _pyplot()  # fail before any model is loaded when matplotlib is missing
-    device, dtype = resolve_device(args.device), resolve_dtype(args.dtype)
+    resolve_device(args.device), resolve_dtype(args.dtype)  # an unavailable device or dtype: refused before any loading
 
     numbers, tensors, taken = {}, {}, set()
     for model_name, subfolder in zip(models, subfolders):
-        label = _label(model_name, subfolder, taken)
+        label = model_label(model_name, subfolder, taken)
         print(f"analyzing {label} ({model_name}{' / ' + subfolder if subfolder else ''})", file=sys.stderr)
-        model = Qwen3GatedForCausalLM.from_pretrained(model_name, subfolder=subfolder, dtype=dtype).to(device).eval()
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(model_name, subfolder=subfolder)
-        except (OSError, ValueError) as error:
-            raise GatedQwenError(f"{model_name} has no usable tokenizer files ({error})") from None
+        with quiet_transformers(args.verbose):
+            model, tokenizer = load_model_and_tokenizer(model_name, subfolder=subfolder, device=args.device, dtype=args.dtype)
         numbers[label], tensors[label] = analyze_model(model, tokenizer, text, args)
         numbers[label]["source"] = {"model": model_name, "subfolder": subfolder}
         del model
 
-    # Everything is written to a fresh sibling folder first, so a failure leaves no half-written --out.
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with output as staging:  # --out is put in place whole at the end, or left as it was (gated_qwen.outputs)
         figures = [] if args.no_plots else _write_figures(staging, numbers, tensors)
         arguments = {key: value for key, value in vars(args).items() if key != "run"}
         report = {"arguments": arguments, "figures": figures, "models": numbers}
         (staging / "analysis.json").write_text(json.dumps(report, indent=2))
-        if out.exists():
-            shutil.rmtree(out) if out.is_dir() else os.remove(out)
-        os.replace(staging, out)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+    out = Path(args.out)
     _print_table(numbers)
     print(f"wrote {out / 'analysis.json'}" + (f" and {', '.join(figures)}" if figures else ""), file=sys.stderr)
     return 0

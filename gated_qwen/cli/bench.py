@@ -12,9 +12,8 @@ PARTS = ("models", "loading", "conversion")
 
 
 def add_parser(subparsers) -> None:
-    # The defaults and choices come from the library, the one place they are defined. Importing it
-    # here adds nothing heavy: building the parser already imports gated_qwen, hence torch and transformers.
-    from ..benchmark import DTYPES, SIZES, BenchmarkOptions
+    # The defaults and choices come from the library's torch-free options module, the one place they are defined.
+    from ..benchmark_options import DTYPES, SIZES, BenchmarkOptions
 
     defaults = BenchmarkOptions()
     parser = subparsers.add_parser(
@@ -81,14 +80,15 @@ def command_line(args) -> str:
 
 def run(args) -> int:
     from ..benchmark import BenchmarkOptions, format_markdown, run_benchmark
-    from ..errors import GatedQwenError
+    from ..outputs import OutputFolder
 
+    # Checked before measuring, not after minutes of it. --output-dir may hold other files: only these two
+    # are written, both at once (gated_qwen.outputs), and earlier ones replaced only with --overwrite.
     output_dir = Path(args.output_dir)
-    if output_dir.exists() and not output_dir.is_dir():
-        raise GatedQwenError(f"--output-dir {output_dir} exists and is not a folder")
-    existing = [name for name in OUTPUT_FILES if (output_dir / name).exists()]
-    if existing and not args.overwrite:  # checked before measuring, not after minutes of it
-        raise GatedQwenError(f"{output_dir} already holds {', '.join(existing)}; pass --overwrite or another --output-dir")
+    output = OutputFolder(
+        output_dir, overwrite=args.overwrite, merge=True, names=OUTPUT_FILES,
+        advice="pass --overwrite or another --output-dir",
+    )
     options = BenchmarkOptions(
         size=args.size,
         overrides=parse_overrides(args.overrides),
@@ -107,11 +107,9 @@ def run(args) -> int:
     result["command"] = command_line(args)
     markdown = format_markdown(result) + f"\nCommand: `{result['command']}`\n"
 
-    output_dir.mkdir(parents=True, exist_ok=True)
-    for name, text in (("benchmark.json", json.dumps(result, indent=2) + "\n"), ("benchmark.md", markdown)):
-        partial = output_dir / f".{name}.partial"
-        partial.write_text(text)
-        partial.replace(output_dir / name)  # whole files only, never half-written ones
+    with output as staging:
+        (staging / "benchmark.json").write_text(json.dumps(result, indent=2) + "\n")
+        (staging / "benchmark.md").write_text(markdown)
     print(markdown, end="")
     print(f"gated-qwen bench: wrote {output_dir / 'benchmark.md'} and {output_dir / 'benchmark.json'}", file=sys.stderr)
     return 0

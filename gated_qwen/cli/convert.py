@@ -4,8 +4,7 @@ from __future__ import annotations
 
 
 def add_parser(subparsers) -> None:
-    from ..conversion import CHECKPOINT_GATES, INITS
-    from ..devices import DTYPES
+    from ..names import CHECKPOINT_CONVERSION_GATES, CONVERSION_INITS, DTYPES
 
     parser = subparsers.add_parser(
         "convert",
@@ -20,13 +19,13 @@ def add_parser(subparsers) -> None:
     parser.add_argument("dst", metavar="DST", help="the folder to write (must not exist or be empty, unless --overwrite)")
     parser.add_argument(
         "--gate",
-        choices=CHECKPOINT_GATES,
+        choices=CHECKPOINT_CONVERSION_GATES,
         default="headwise",
         help="gate type to add (default: headwise); keep: the source's own gate, re-saved unchanged",
     )
     parser.add_argument(
         "--init",
-        choices=INITS,
+        choices=CONVERSION_INITS,
         default="identity",
         help="identity: zero gate rows and doubled o_proj, the same outputs bit for bit (default); "
         "random: gate rows drawn like the model's initializer",

@@ -72,7 +72,10 @@ def add_parser(subparsers) -> None:
     decoding.add_argument("--top-p", type=_number(float, 0, 1, low_open=True))
     decoding.add_argument("--top-k", type=_number(int, 0))
     decoding.add_argument("--repetition-penalty", type=_number(float, 0, low_open=True))
-    decoding.add_argument("--seed", type=int, help="seed torch first, so that sampling repeats exactly")
+    decoding.add_argument(
+        "--seed", type=int, default=0,
+        help="seed torch first (default 0): the same command gives the same text every run; another seed, another sample",
+    )
     decoding.add_argument(
         "--stop",
         action="append",
@@ -87,6 +90,7 @@ def add_parser(subparsers) -> None:
         help="print one JSON object per prompt: prompt, completion, new_tokens, seconds, tokens_per_second",
     )
     output.add_argument("--no-stream", action="store_true", help="print a single prompt's completion at the end")
+    output.add_argument("--verbose", action="store_true", help="show transformers' log messages and progress bars")
     parser.set_defaults(run=run)
 
 
@@ -123,11 +127,18 @@ def resolve_model_source(model: str | None) -> str:
 
 def run(args) -> int:
     from ..errors import GatedQwenError
-    from ..generation import CompletionStreamer, build_generation_config, generate, load_model_and_tokenizer
+    from ..verbosity import quiet_transformers
 
     if args.system is not None and not args.chat:
         raise GatedQwenError("--system needs --chat")
     prompts = read_prompts(args)
+    with quiet_transformers(args.verbose):
+        return _generate(args, prompts)
+
+
+def _generate(args, prompts: list[str]) -> int:
+    from ..generation import CompletionStreamer, build_generation_config, generate, load_model_and_tokenizer
+
     model, tokenizer = load_model_and_tokenizer(
         resolve_model_source(args.model),
         subfolder=args.subfolder,

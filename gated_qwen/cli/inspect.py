@@ -1,4 +1,4 @@
-"""``gated-qwen inspect``: describe a checkpoint from its config and safetensors headers."""
+"""``gated-qwen inspect``: describe a checkpoint from its config and weight headers, without loading it."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ def add_parser(subparsers) -> None:
         "inspect",
         help="describe a checkpoint without loading its weights",
         description="Print gate type, layers, heads, parameter count and dtype of a checkpoint, read from "
-        "config.json and the safetensors headers only (on the hub: range reads, no weight download).",
+        "config.json and the weight headers only: safetensors headers (on the hub by range reads, no weight "
+        "download), or a local pytorch_model.bin's pickle without its tensor data. Of pickle weights on the hub "
+        "only the file sizes can be had without the download; the parameter count then comes from the config.",
     )
     parser.add_argument("checkpoint", metavar="PATH_OR_HUB_ID", help="a checkpoint folder or a hub id")
     parser.add_argument("--subfolder", default="", help="folder inside the repo or path, e.g. 1B_gate_headwise")
@@ -30,34 +32,59 @@ def describe(checkpoint: str, subfolder: str = "", revision: str | None = None) 
     from ..errors import CheckpointError
 
     header = read_checkpoint_header(checkpoint, subfolder=subfolder, revision=revision)
-    model_type = check_model_type(header.config, header.source)
+    kind = check_model_type(header.config, header.source)
     try:
         config = Qwen3GatedConfig.from_dict(header.config)
     except CheckpointError:
         raise
     except Exception as error:  # strict dataclass validation raises several error types
-        raise CheckpointError(f"{header.source}/config.json is not a valid Qwen3 config: {error}") from None
-    if not header.tensors:
-        raise CheckpointError(f"{header.source} has no safetensors weights (model.safetensors or an index)")
-    check_q_proj_layout(config, header.tensors, header.source)
-    weight_dtypes = sorted({str(SAFETENSORS_DTYPES.get(t.dtype, t.dtype)).removeprefix("torch.") for t in header.tensors.values()})
+        reason = " ".join(str(error).split())
+        raise CheckpointError(f"{header.source}/config.json is not a valid Qwen3 config: {reason}") from None
+    if header.weights_format is None:
+        raise CheckpointError(
+            f"{header.source} has no weights (model.safetensors, pytorch_model.bin, or an index of either)"
+        )
+    shapes_checked = bool(header.tensors)
+    if shapes_checked:
+        check_q_proj_layout(config, header.tensors, header.source)
+        parameters = sum(t.numel for t in header.tensors.values())
+        weight_dtypes = sorted({str(SAFETENSORS_DTYPES[t.dtype]).removeprefix("torch.") for t in header.tensors.values()})
+    else:  # pickle weights on the hub: their shapes are inside the file
+        parameters, weight_dtypes = _parameters_from_config(config), []
     return {
         "source": header.source,
-        "model_type": model_type,
+        "model_type": header.config.get("model_type"),
+        "kind": {"gated_attention_release": "gated-attention release", "qwen3": "stock Qwen3"}.get(kind, "gated-qwen checkpoint"),
         "gate_type": config.gate_type,
         "num_hidden_layers": config.num_hidden_layers,
         "num_attention_heads": config.num_attention_heads,
         "num_key_value_heads": config.num_key_value_heads,
         "head_dim": config.head_dim,
         "hidden_size": config.hidden_size,
+        "intermediate_size": config.intermediate_size,
+        "vocab_size": config.vocab_size,
         "use_qk_norm": config.use_qk_norm,
         "qkv_bias": config.qkv_bias,
         "tie_word_embeddings": config.tie_word_embeddings,
-        "parameters": sum(t.numel for t in header.tensors.values()),
+        "parameters": parameters,
         "config_dtype": str(config.dtype).removeprefix("torch.") if config.dtype is not None else None,
         "weight_dtypes": weight_dtypes,
+        "weights_format": header.weights_format,
+        "weight_bytes": sum(header.file_sizes.values()),
         "files": len(header.files),
+        "shapes_checked": shapes_checked,
     }
+
+
+def _parameters_from_config(config) -> int:
+    """The parameter count of the model ``config`` describes (built on the meta device: nothing allocated)."""
+    import torch
+
+    from ..modeling_qwen3_gated import Qwen3GatedForCausalLM
+
+    with torch.device("meta"):
+        model = Qwen3GatedForCausalLM(config)
+    return sum(p.numel() for p in model.parameters())  # a tied lm_head counts once
 
 
 def run(args) -> int:
@@ -67,17 +94,23 @@ def run(args) -> int:
         return 0
     rows = [
         ("source", facts["source"]),
-        ("model_type", facts["model_type"]),
+        ("model_type", f"{facts['model_type']} ({facts['kind']})"),
         ("gate type", facts["gate_type"]),
         ("layers", facts["num_hidden_layers"]),
         ("heads", f"{facts['num_attention_heads']} query / {facts['num_key_value_heads']} kv, head_dim {facts['head_dim']}"),
-        ("hidden size", facts["hidden_size"]),
+        ("hidden / MLP / vocab", f"{facts['hidden_size']} / {facts['intermediate_size']} / {facts['vocab_size']}"),
         ("qk norm / qkv bias", f"{facts['use_qk_norm']} / {facts['qkv_bias']}"),
         ("tied embeddings", facts["tie_word_embeddings"]),
-        ("parameters", f"{facts['parameters']:,} ({facts['parameters'] / 1e9:.2f}B)"),
-        ("dtype", f"{facts['config_dtype'] or 'unset'} (config), {', '.join(facts['weight_dtypes'])} (weights)"),
-        ("weight files", facts["files"]),
+        ("parameters", f"{facts['parameters']:,} ({facts['parameters'] / 1e9:.2f}B)"
+         + ("" if facts["shapes_checked"] else ", from the config")),
+        ("dtype", f"{facts['config_dtype'] or 'unset'} (config)"
+         + (f", {', '.join(facts['weight_dtypes'])} (weights)" if facts["weight_dtypes"] else "")),
+        ("weights", f"{facts['files']} {facts['weights_format']} file{'s' if facts['files'] > 1 else ''}, "
+         f"{facts['weight_bytes'] / 1e6:,.1f} MB"),
     ]
+    if not facts["shapes_checked"]:
+        rows.append(("q_proj shapes", "not checked: a pytorch_model.bin holds them inside, so they need the download "
+                     "(inspect the downloaded folder, or convert --gate keep to safetensors)"))
     width = max(len(name) for name, _ in rows)
     for name, value in rows:
         print(f"{name:<{width}}  {value}")

@@ -6,7 +6,8 @@ import json
 
 
 def add_parser(subparsers) -> None:
-    from ..training import TrainingArguments
+    from ..names import GATE_TYPES
+    from ..training_args import TrainingArguments
 
     defaults = TrainingArguments(train_file="", output_dir="")
     parser = subparsers.add_parser(
@@ -24,7 +25,7 @@ def add_parser(subparsers) -> None:
     data.add_argument("--seq-len", type=int, default=defaults.seq_len, help="tokens per row (default %(default)s)")
     model = parser.add_argument_group("model")
     model.add_argument("--config", help="a config.json for the architecture, e.g. configs/small_4M.json")
-    model.add_argument("--gate", choices=("none", "headwise", "elementwise"), help="the gate (overrides the config)")
+    model.add_argument("--gate", choices=GATE_TYPES, help="the gate (overrides the config)")
     optim = parser.add_argument_group("optimisation")
     optim.add_argument("--batch-size", type=int, default=defaults.batch_size, help="rows per step per process (default %(default)s)")
     budget = optim.add_mutually_exclusive_group(required=True)
@@ -51,7 +52,8 @@ def add_parser(subparsers) -> None:
 
 
 def run_train(args) -> int:
-    from ..training import TrainingArguments, train
+    from ..training import train
+    from ..training_args import TrainingArguments
 
     for name in ("vocab_size", "seq_len", "batch_size", "max_steps", "max_tokens", "eval_every", "eval_rows"):
         value = getattr(args, name)

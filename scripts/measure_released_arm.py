@@ -1,0 +1,102 @@
+"""Time and peak memory of loading a full-size released arm, and of re-saving it once as safetensors.
+
+Writes a random checkpoint exactly in the released layout (configs/1B_gate_headwise.json: model_type
+"qwen2", 1.72B parameters in bfloat16, one pytorch_model.bin of about 3.4 GB, written with torch.save
+as transformers 4.x wrote it), then, each in a fresh Python that reports its own peak resident memory
+(VmHWM, imports included):
+
+  load-bin         Qwen3GatedForCausalLM.from_pretrained(arm, dtype="auto"), then one forward of 8 tokens
+  resave           convert_checkpoint(arm, clean, gate="keep")   (gated-qwen convert ARM CLEAN --gate keep)
+  load-safetensors Qwen3GatedForCausalLM.from_pretrained(clean, dtype="auto"), then one forward of 8 tokens
+
+and prints each one's seconds and peak RSS, also as a multiple of the bf16 weights' size.
+
+    python scripts/measure_released_arm.py [--repeats 3] [--scratch DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+# A load is timed up to a first forward of 8 tokens, which reads every weight (the tied lm_head reads
+# the whole embedding): weights that are only memory-mapped would otherwise not count as resident.
+LOAD_AND_RUN = "model = Qwen3GatedForCausalLM.from_pretrained(sys.argv[{}], dtype='auto')\nmodel(torch.arange(8)[None])"
+CHILDREN = {
+    "import-only": "pass",
+    "load-bin": LOAD_AND_RUN.format(1),
+    "resave": "convert_checkpoint(sys.argv[1], sys.argv[2], gate='keep', progress=False)",
+    "load-safetensors": LOAD_AND_RUN.format(2),
+}
+
+
+def write_released_arm(folder: Path) -> int:
+    """A random headwise arm of the released size in the released layout; returns the weights' bytes."""
+    import torch
+
+    from gated_qwen import Qwen3GatedConfig, Qwen3GatedForCausalLM
+
+    config_dict = json.loads((REPO / "configs" / "1B_gate_headwise.json").read_text())
+    config_dict.pop("head_dim")  # absent in the released files: hidden_size / num_attention_heads
+    config = Qwen3GatedConfig.from_dict(config_dict)
+    torch.manual_seed(0)
+    with torch.device("meta"):
+        skeleton = Qwen3GatedForCausalLM(config)
+    state = {}
+    for name, parameter in skeleton.state_dict().items():
+        if name == "lm_head.weight":
+            continue  # tied, as in the release
+        tensor = torch.empty(parameter.shape, dtype=torch.bfloat16)
+        tensor.normal_(std=0.02) if tensor.ndim > 1 else tensor.fill_(1.0)
+        state[name] = tensor
+    folder.mkdir(parents=True)
+    torch.save(state, folder / "pytorch_model.bin")
+    (folder / "config.json").write_text(json.dumps({**config_dict, "auto_map": {
+        "AutoConfig": "configuration_qwen3.Qwen3Config", "AutoModelForCausalLM": "modeling_qwen3.Qwen3ForCausalLM"}}, indent=2))
+    return sum(t.numel() * t.element_size() for t in state.values())
+
+
+def main() -> int:
+    from gated_qwen.benchmark import _PEAK_RSS, run_child
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each child (default 3); the median is shown")
+    parser.add_argument("--scratch", help="where to write the 3.4 GB arm and its re-saved copy (default: a temporary folder)")
+    args = parser.parse_args()
+
+    scratch = Path(tempfile.mkdtemp(dir=args.scratch, prefix="released-arm-"))
+    try:
+        arm, clean = scratch / "1B_gate_headwise", scratch / "clean"
+        weight_bytes = write_released_arm(arm)
+        print(f"wrote {arm}: {weight_bytes / 1e6:,.1f} MB of bf16 weights in pytorch_model.bin", file=sys.stderr)
+        results = {}
+        for _ in range(args.repeats):
+            for name, work in CHILDREN.items():
+                if name == "resave":
+                    shutil.rmtree(clean, ignore_errors=True)
+                code = _PEAK_RSS + (
+                    "import json, sys, time\nimport torch\ntorch.set_grad_enabled(False)\nfrom gated_qwen import Qwen3GatedForCausalLM, convert_checkpoint\n"
+                    f"start = time.perf_counter()\n{work}\n"
+                    "print(json.dumps({'seconds': time.perf_counter() - start, 'peak_rss': peak_rss()}))"
+                )
+                results.setdefault(name, []).append(run_child(code, str(arm), str(clean)))
+        print(f"| step | median seconds | peak RSS (MB) | peak RSS / bf16 weights ({weight_bytes / 1e6:,.0f} MB) |")
+        print("|---|---|---|---|")
+        for name, runs in results.items():
+            seconds = statistics.median(run["seconds"] for run in runs)
+            peak = max(run["peak_rss"] for run in runs)
+            print(f"| {name} | {seconds:.2f} | {peak / 1e6:,.0f} | {peak / weight_bytes:.3f} |")
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
