@@ -67,15 +67,21 @@ class Qwen3GatedAttention(Qwen3Attention):
         position_embeddings: tuple[torch.Tensor, torch.Tensor],
         attention_mask: torch.Tensor | None,
         cache: Cache | None = None,
+        past_key_values: Cache | None = None,
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        # transformers before 5.24 hands the cache over as `past_key_values`, 5.24 and later as `cache`;
+        # reading only one name would silently decode without the cache under the other.
+        cache = cache if cache is not None else past_key_values
         input_shape = hidden_states.shape[:-1]  # (B, T)
+        # Three projections of the same input, one after another: vLLM fuses them into one qkv_proj.
+        query_and_gate = self.q_proj(hidden_states)
         key_states = self.k_proj(hidden_states).view(*input_shape, -1, self.head_dim)  # (B, T, K, D)
         value_states = self.v_proj(hidden_states).view(*input_shape, -1, self.head_dim)
         # K is read off the key projection, not the config: under tensor parallelism this rank
         # holds only its shard of kv groups (and of q_proj's rows, which are grouped the same way).
         query_states, gate_logits = split_query_and_gate(
-            self.q_proj(hidden_states), key_states.shape[-2], self.head_dim, self.gate_dim
+            query_and_gate, key_states.shape[-2], self.head_dim, self.gate_dim
         )  # views: (B, T, K, G, D) and (B, T, K, G, g)
 
         query_states = self.q_norm(query_states).reshape(*input_shape, -1, self.head_dim).transpose(1, 2)  # (B, H, T, D)
@@ -101,13 +107,14 @@ class Qwen3GatedAttention(Qwen3Attention):
             scaling=self.scaling,
             sliding_window=self.sliding_window,
             **kwargs,
-        )  # (B, T, H, D)
+        )  # transformers' interfaces: (B, T, H, D); vLLM's: (tokens, H*D)
 
         if self.gate_dim:
             gate = torch.sigmoid(gate_logits.reshape(*input_shape, -1, self.gate_dim))  # (B, T, H, g)
             if self.gate_override is not None:
                 gate = self.gate_override(gate)
-            attn_output = attn_output * gate  # in the model's dtype, as the released code does
+            # Per head whatever layout the interface returned; in the model's dtype, as the released code does.
+            attn_output = attn_output.reshape(*input_shape, -1, self.head_dim) * gate
         attn_output = self.o_proj(attn_output.reshape(*input_shape, -1))
         return attn_output, attn_weights
 

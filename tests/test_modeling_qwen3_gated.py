@@ -146,6 +146,46 @@ def test_cached_greedy_decoding_equals_uncached_forward(headwise, cache_implemen
     assert torch.equal(generated, uncached_greedy(model, inputs, 8))
 
 
+@pytest.mark.parametrize("keyword", ["cache", "past_key_values"])
+def test_attention_reads_the_cache_under_either_keyword(headwise, keyword):
+    # transformers before 5.24 hands the attention its cache as past_key_values, 5.24 and later as cache;
+    # a cache under the name the attention did not read would be left empty and decoding silently wrong.
+    from transformers import DynamicCache
+
+    model = load(headwise, attn_implementation="sdpa")
+    attention = model.model.layers[0].self_attn
+    x = torch.randn(1, 6, model.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    cos, sin = model.model.rotary_emb(x, torch.arange(6)[None])
+    cache = DynamicCache(config=model.config)
+    with torch.no_grad():
+        whole, _ = attention(x, (cos, sin), None)
+        attention(x[:, :5], (cos[:, :5], sin[:, :5]), None, **{keyword: cache})
+        step, _ = attention(x[:, 5:], (cos[:, 5:], sin[:, 5:]), None, **{keyword: cache})
+    assert cache.get_seq_length() == 6
+    torch.testing.assert_close(step, whole[:, 5:], rtol=1e-5, atol=1e-6)
+
+
+def sdpa_returning_tokens_by_heads(module, query, key, value, attention_mask, **kwargs):
+    """sdpa, its output laid out as vLLM's attention interface returns it: (B*T, H*D), not (B, T, H, D)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    output, weights = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    return output.reshape(-1, output.shape[-2] * output.shape[-1]), weights
+
+
+@pytest.mark.parametrize("gate", ["headwise", "elementwise"])
+def test_gate_applies_per_head_whatever_layout_the_attention_interface_returns(released_checkpoint, gate):
+    from transformers import AttentionInterface
+
+    AttentionInterface.register("sdpa_tokens_by_heads", sdpa_returning_tokens_by_heads)
+    folder, _ = released_checkpoint(gate=gate, gate_scale=2.0)
+    inputs = ids(batch=1)  # vLLM runs a batch as one sequence of tokens
+    with torch.no_grad():
+        reference = load(folder, attn_implementation="sdpa")(inputs).logits
+        flat = load(folder, attn_implementation="sdpa_tokens_by_heads")(inputs).logits
+    assert torch.equal(flat, reference)
+
+
 def test_left_padded_batch_equals_each_row_alone(headwise):
     model = load(headwise)
     rows = [ids(1, 7, seed=1)[0], ids(1, 4, seed=2)[0]]
@@ -241,7 +281,9 @@ def test_gradient_checkpointing_gives_the_same_gradients(headwise):
     for checkpointing in (False, True):
         model = load(headwise).train()
         if checkpointing:
-            model.activation_checkpointing_enable()
+            # transformers 5.24 renamed gradient_checkpointing_enable; the floor has only the old name.
+            enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+            enable()
         inputs = ids()
         model(inputs, labels=inputs).loss.backward()
         grads.append(model.model.layers[0].self_attn.q_proj.weight.grad)
