@@ -424,6 +424,42 @@ def check_q_proj_layout(config, tensors: dict[str, TensorInfo], source: str = "t
             )
 
 
+def read_config_json(src: str | os.PathLike, subfolder: str = "", revision: str | None = None) -> dict:
+    """A checkpoint's config.json as a dict, from a local folder or, downloading that file alone, the hub.
+
+    Commands that can refuse a checkpoint from its config alone read it first, so that a refusal costs
+    no weight download.
+
+    >>> read_config_json("QwQZh/gated_attention", "1B_gate_headwise")["model_type"]  # doctest: +SKIP
+    'qwen2'
+    """
+    from .errors import GatedQwenError
+
+    local = Path(src).expanduser()
+    if local.is_dir():
+        path = local / subfolder / CONFIG_NAME
+        if not path.is_file():
+            raise CheckpointError(f"{path.parent} has no config.json; it is not a model checkpoint folder")
+        return read_json(path, "model config")
+    if local.exists() or str(src).startswith((".", "/", "~")) or str(src).count("/") > 1:
+        raise GatedQwenError(f"{src} is not a folder; give a checkpoint folder or a hub id like owner/name")
+    resolve_source(str(src), subfolder, revision)  # offline, no network, unknown repo: said at once
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, LocalEntryNotFoundError
+
+    try:
+        return read_json(hf_hub_download(str(src), CONFIG_NAME, subfolder=subfolder or None, revision=revision), "model config")
+    except EntryNotFoundError:
+        where = f"{src}" + (f" (subfolder {subfolder})" if subfolder else "")
+        raise CheckpointError(f"{where} has no config.json; it is not a model checkpoint") from None
+    except (HfHubHTTPError, LocalEntryNotFoundError, OSError, ValueError) as error:
+        reason = " ".join(str(error).split())
+        raise CheckpointError(
+            f"{src} is not a local folder and could not be read from the hub ({reason}); "
+            "check the path or hub id, the revision, or the network"
+        ) from None
+
+
 def checkpoint_folder(src: str | os.PathLike, subfolder: str = "", revision: str | None = None) -> Path:
     """The local folder holding a checkpoint: ``src/subfolder``, or a hub snapshot of only the files needed.
 

@@ -47,7 +47,7 @@ from .checkpoint import (
     check_q_proj_layout,
     checkpoint_folder,
     read_checkpoint_header,
-    read_json,
+    read_config_json,
     write_safetensors_checkpoint,
 )
 from .configuration_qwen3_gated import Qwen3GatedConfig
@@ -306,7 +306,7 @@ def export_checkpoint(
     dst = output.destination
 
     # The config first (on the hub: config.json alone), so that a refusal comes before any download.
-    config_dict = _source_config(src, subfolder, revision)
+    config_dict = read_config_json(src, subfolder, revision)
     source = str(Path(src) / subfolder) if subfolder else str(src)
     exported_config = qwen3_5_config(config_dict, source, target_dtype)
     architecture = (config_dict.get("architectures") or ["Qwen3ForCausalLM"])[0]
@@ -423,33 +423,6 @@ def max_logit_difference(source: str | os.PathLike, exported: str | os.PathLike)
     with torch.no_grad():
         source_logits, exported_logits = (model(probe).logits for model in models)
     return (source_logits - exported_logits).abs().max().item()
-
-
-def _source_config(src, subfolder: str, revision: str | None) -> dict:
-    """The source's config.json as a dict; from the hub, only that file is downloaded (so that a
-    refusal comes before the weights are)."""
-    local = Path(src).expanduser()
-    if local.is_dir():
-        path = local / subfolder / CONFIG_NAME
-        if not path.is_file():
-            raise CheckpointError(f"{path.parent} has no config.json; it is not a model checkpoint folder")
-        return read_json(path, "model config")
-    from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, LocalEntryNotFoundError
-
-    if local.exists() or str(src).startswith((".", "/", "~")) or str(src).count("/") > 1:
-        raise GatedQwenError(f"{src} is not a folder; give a checkpoint folder or a hub id like owner/name")
-    try:
-        return read_json(hf_hub_download(str(src), CONFIG_NAME, subfolder=subfolder or None, revision=revision), "model config")
-    except EntryNotFoundError:
-        where = f"{src}" + (f" (subfolder {subfolder})" if subfolder else "")
-        raise CheckpointError(f"{where} has no config.json; it is not a model checkpoint") from None
-    except (HfHubHTTPError, LocalEntryNotFoundError, OSError, ValueError) as error:
-        reason = " ".join(str(error).split())
-        raise CheckpointError(
-            f"{src} is not a local folder and could not be read from the hub ({reason}); "
-            "check the path or hub id, the revision, or the network"
-        ) from None
 
 
 def parameter_counts(config_dict: dict) -> tuple[int, int]:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 
 def add_parser(subparsers) -> None:
-    from ..names import CHECKPOINT_CONVERSION_GATES, CONVERSION_INITS, DTYPES
+    from ..names import CHECKPOINT_CONVERSION_GATES, CONVERSION_INITS
+    from ._checkpoint_arguments import add_checkpoint_arguments
 
     parser = subparsers.add_parser(
         "convert",
@@ -15,8 +16,11 @@ def add_parser(subparsers) -> None:
         "changes no tensor: a released arm becomes a clean gated-qwen checkpoint (safetensors, model_type "
         "qwen3_gated), loaded fast from then on. SRC is only read; DST is written atomically.",
     )
-    parser.add_argument("src", metavar="SRC", help="a Qwen3 checkpoint folder or a hub id, e.g. Qwen/Qwen3-0.6B")
-    parser.add_argument("dst", metavar="DST", help="the folder to write (must not exist or be empty, unless --overwrite)")
+    add_checkpoint_arguments(
+        parser,
+        src_help="a Qwen3 checkpoint folder or a hub id, e.g. Qwen/Qwen3-0.6B",
+        verify_help="load SRC and DST on CPU and print the largest logit difference",
+    )
     parser.add_argument(
         "--gate",
         choices=CHECKPOINT_CONVERSION_GATES,
@@ -30,15 +34,6 @@ def add_parser(subparsers) -> None:
         help="identity: zero gate rows and doubled o_proj, the same outputs bit for bit (default); "
         "random: gate rows drawn like the model's initializer",
     )
-    parser.add_argument(
-        "--dtype", choices=list(DTYPES), default="auto", help="weight dtype (default: as stored)"
-    )
-    parser.add_argument("--max-shard-size", default="5GB", help="largest safetensors shard, e.g. 5GB or 500MB (default: 5GB)")
-    parser.add_argument("--overwrite", action="store_true", help="replace DST if it exists and is not empty")
-    parser.add_argument("--revision", default=None, help="hub branch, tag or commit of SRC")
-    parser.add_argument("--subfolder", default="", help="folder inside SRC holding the checkpoint")
-    parser.add_argument("--verify", action="store_true", help="load SRC and DST on CPU and print the largest logit difference")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.set_defaults(run=run)
 
 

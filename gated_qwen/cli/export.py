@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 def add_parser(subparsers) -> None:
-    # No torch or transformers here: building the parser must stay instant (choices are checked in run).
+    # No torch or transformers here: building the parser must stay instant (--to is checked in run).
     parser = subparsers.add_parser(
         "export",
         help="export a gated checkpoint to transformers' stock Qwen3.5 architecture",
@@ -14,22 +14,15 @@ def add_parser(subparsers) -> None:
         "gate is stored elementwise (+6.8%% parameters on the released 1.7B arm). SRC is only read; DST is "
         "written atomically.",
     )
-    parser.add_argument("src", metavar="SRC", help="a gated checkpoint folder or a hub id")
-    parser.add_argument("dst", metavar="DST", help="the folder to write (must not exist or be empty, unless --overwrite)")
-    parser.add_argument("--to", required=True, metavar="ARCH", help="target architecture: qwen3_5")
-    parser.add_argument(
-        "--dtype", default="auto", metavar="DTYPE", help="auto (as stored, default), float32, bfloat16 or float16"
+    from ._checkpoint_arguments import add_checkpoint_arguments
+
+    add_checkpoint_arguments(
+        parser,
+        src_help="a gated checkpoint folder or a hub id",
+        verify_help="load SRC (gated-qwen) and DST (transformers' Qwen3_5ForCausalLM) in float32 on CPU and print "
+        "the largest logit difference",
     )
-    parser.add_argument("--max-shard-size", default="5GB", help="largest safetensors shard, e.g. 5GB or 500MB (default: 5GB)")
-    parser.add_argument("--overwrite", action="store_true", help="replace DST if it exists and is not empty")
-    parser.add_argument("--revision", default=None, help="hub branch, tag or commit of SRC")
-    parser.add_argument("--subfolder", default="", help="folder inside SRC holding the checkpoint, e.g. 1B_gate_headwise")
-    parser.add_argument(
-        "--verify", action="store_true",
-        help="load SRC (gated-qwen) and DST (transformers' Qwen3_5ForCausalLM) in float32 on CPU and print the "
-        "largest logit difference",
-    )  # fmt: skip
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--to", required=True, metavar="ARCH", help="target architecture: qwen3_5")
     parser.set_defaults(run=run)
 
 
