@@ -424,6 +424,16 @@ def check_q_proj_layout(config, tensors: dict[str, TensorInfo], source: str = "t
             )
 
 
+def _check_hub_source(src, subfolder: str, revision: str | None) -> None:
+    """Refuse, in one line and at once, a ``src`` that is not a local folder and cannot be a usable hub id:
+    a file, a path, or (:func:`gated_qwen.hub.resolve_source`) offline, no network, an unknown repository."""
+    from .errors import GatedQwenError
+
+    if Path(src).expanduser().exists() or str(src).startswith((".", "/", "~")) or str(src).count("/") > 1:
+        raise GatedQwenError(f"{src} is not a folder; give a checkpoint folder or a hub id like Qwen/Qwen3-0.6B")
+    resolve_source(str(src), subfolder, revision)
+
+
 def read_config_json(src: str | os.PathLike, subfolder: str = "", revision: str | None = None) -> dict:
     """A checkpoint's config.json as a dict, from a local folder or, downloading that file alone, the hub.
 
@@ -433,17 +443,13 @@ def read_config_json(src: str | os.PathLike, subfolder: str = "", revision: str 
     >>> read_config_json("QwQZh/gated_attention", "1B_gate_headwise")["model_type"]  # doctest: +SKIP
     'qwen2'
     """
-    from .errors import GatedQwenError
-
     local = Path(src).expanduser()
     if local.is_dir():
         path = local / subfolder / CONFIG_NAME
         if not path.is_file():
             raise CheckpointError(f"{path.parent} has no config.json; it is not a model checkpoint folder")
         return read_json(path, "model config")
-    if local.exists() or str(src).startswith((".", "/", "~")) or str(src).count("/") > 1:
-        raise GatedQwenError(f"{src} is not a folder; give a checkpoint folder or a hub id like owner/name")
-    resolve_source(str(src), subfolder, revision)  # offline, no network, unknown repo: said at once
+    _check_hub_source(src, subfolder, revision)
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, LocalEntryNotFoundError
 
@@ -477,9 +483,7 @@ def checkpoint_folder(src: str | os.PathLike, subfolder: str = "", revision: str
         if not folder.is_dir():
             raise GatedQwenError(f"{local} has no subfolder {subfolder!r}")
         return folder
-    if local.exists() or str(src).startswith((".", "/", "~")) or str(src).count("/") > 1:
-        raise GatedQwenError(f"{src} is not a folder; give a checkpoint folder or a hub id like Qwen/Qwen3-0.6B")
-    resolve_source(str(src), subfolder, revision)  # offline, no network, unknown repo: said at once, not after retries
+    _check_hub_source(src, subfolder, revision)
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 

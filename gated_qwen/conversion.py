@@ -42,7 +42,6 @@ from .checkpoint import (
     TensorInfo,
     check_q_proj_layout,
     checkpoint_folder,
-    local_weight_files,
     read_checkpoint_header,
     write_safetensors_checkpoint,
 )
