@@ -112,7 +112,7 @@ def main(argv=None) -> int:
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--kv-cache-mib", type=int, default=256, help="KV cache size for each engine (default 256)")
     parser.add_argument("--json", action="store_true", help="one JSON object per case on stdout")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # folders and --export pairs in any order
     cases = [(model, model) for model in args.models] + [tuple(pair) for pair in args.export]
     if not cases:
         parser.error("give at least one model folder or --export EXPORTED SOURCE")

