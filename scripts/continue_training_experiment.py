@@ -46,6 +46,8 @@ from pathlib import Path
 
 import torch
 
+from gated_qwen.outputs import write_text
+
 ROOT = Path(__file__).resolve().parents[1]
 BASELINE = "gated_qwen/default_models/baseline"
 DATA = "data/stdlib_docstrings"
@@ -93,7 +95,7 @@ def run_arm(arm: str, args) -> dict:
         subprocess.run([sys.executable, "-m", "gated_qwen", *command[1:]], check=True, stdout=subprocess.DEVNULL,
                        stderr=stderr, cwd=ROOT)
     wall = time.perf_counter() - start
-    wall_file.write_text(f"{wall:.1f}\n")
+    write_text(wall_file, f"{wall:.1f}\n")
     print(f"[{arm}] done in {wall / 60:.1f} min", flush=True)
     return {"command": shlex.join(command), "wall_s": round(wall, 1)}
 
@@ -236,9 +238,8 @@ def main() -> None:
         "arms": results,
     }
     out_dir = Path(args.results_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "results.json").write_text(json.dumps(report, indent=2) + "\n")
-    (out_dir / "results.md").write_text(markdown_table(report))
+    write_text(out_dir / "results.json", json.dumps(report, indent=2) + "\n")
+    write_text(out_dir / "results.md", markdown_table(report))
     print((out_dir / "results.md").read_text())
 
 

@@ -29,6 +29,7 @@ import torch
 from gated_qwen import Qwen3GatedForCausalLM
 from gated_qwen.analysis import record_attention, record_gates, summarize_gates
 from gated_qwen.default_models import DEFAULT_MODELS_DIR
+from gated_qwen.outputs import OutputFolder
 from gated_qwen.training import evaluate, heldout_rows, pack_documents, read_documents, unigram_perplexity
 
 ARMS = ("headwise", "baseline")
@@ -59,11 +60,14 @@ def first_token_mass(model, rows: torch.Tensor, batch_size: int = 4) -> float:
 
 
 def export_arm(run: Path, target: Path) -> dict:
+    # The shipped folder is replaced whole or not at all (gated_qwen.outputs, as every command writes).
+    with OutputFolder(target, overwrite=True) as partial:
+        return _write_arm(run, target, partial)
+
+
+def _write_arm(run: Path, target: Path, partial: Path) -> dict:
     from transformers import AutoTokenizer
 
-    partial = target.with_name(f".{target.name}.partial")
-    if partial.exists():
-        shutil.rmtree(partial)
     model = Qwen3GatedForCausalLM.from_pretrained(run / "final", dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(run / "final")
     model.to(torch.bfloat16).save_pretrained(partial)
@@ -106,9 +110,6 @@ def export_arm(run: Path, target: Path) -> dict:
     # the slice itself, so tests re-measure it without rebuilding the corpus
     (partial / "heldout_slice.json").write_text(json.dumps({"input_ids": rows[:SLICE_ROWS].tolist()}) + "\n")
     (partial / "README.md").write_text(model_card(result))
-    if target.exists():
-        shutil.rmtree(target)
-    partial.rename(target)
     return result
 
 

@@ -15,6 +15,8 @@ import argparse
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
+from gated_qwen.outputs import OutputError, OutputFolder
+
 
 def make_stock_qwen3(
     folder: str,
@@ -27,11 +29,13 @@ def make_stock_qwen3(
     dtype: str = "float32",
     max_shard_size: str = "200MB",
     seed: int = 0,
+    overwrite: bool = False,
 ) -> Qwen3ForCausalLM:
     """Save a random stock Qwen3ForCausalLM (tied embeddings, head_dim 64) into ``folder``; returns it.
 
     >>> make_stock_qwen3("/tmp/qwen3-stock")  # doctest: +SKIP
     """
+    output = OutputFolder(folder, overwrite=overwrite)  # checked before the model is built; written whole or not at all
     torch.manual_seed(seed)
     config = Qwen3Config(
         vocab_size=vocab_size,
@@ -44,7 +48,8 @@ def make_stock_qwen3(
         tie_word_embeddings=True,
     )
     model = Qwen3ForCausalLM(config).to(getattr(torch, dtype))
-    model.save_pretrained(folder, max_shard_size=max_shard_size)
+    with output as staging:
+        model.save_pretrained(staging, max_shard_size=max_shard_size)
     return model
 
 
@@ -59,8 +64,12 @@ def main() -> None:
     parser.add_argument("--vocab-size", type=int, default=32000)
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
     parser.add_argument("--max-shard-size", default="200MB")
+    parser.add_argument("--overwrite", action="store_true", help="replace FOLDER's contents if it is not empty")
     args = parser.parse_args()
-    model = make_stock_qwen3(**{k.replace("-", "_"): v for k, v in vars(args).items()})
+    try:
+        model = make_stock_qwen3(**{k.replace("-", "_"): v for k, v in vars(args).items()})
+    except OutputError as error:
+        parser.error(str(error))
     size = sum(p.numel() * p.element_size() for p in model.parameters())
     print(f"wrote {args.folder}: {model.num_parameters():,} parameters, {size / 1e6:,.0f} MB")
 

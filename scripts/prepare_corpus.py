@@ -24,6 +24,8 @@ import sys
 import sysconfig
 from pathlib import Path
 
+from gated_qwen.outputs import output_file, write_text
+
 SKIPPED_PARTS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__", "lib2to3", "turtledemo"}
 HELDOUT_EVERY = 20
 
@@ -85,15 +87,12 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     manifest = {"python": sys.version.split()[0], "stdlib": str(args.stdlib), "files": files}
     for split, documents in splits.items():
-        # write beside, then rename: an interrupted run leaves no half-written split
-        partial = outputs[split].with_suffix(".jsonl.partial")
-        with partial.open("w", encoding="utf-8") as f:
+        with output_file(outputs[split]) as partial, partial.open("w", encoding="utf-8") as f:
             for text in documents:
                 f.write(json.dumps({"text": text}, ensure_ascii=False) + "\n")
-        partial.replace(outputs[split])
         data = outputs[split].read_bytes()
         manifest[split] = {"documents": len(documents), "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-    (args.out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    write_text(args.out / "manifest.json", json.dumps(manifest, indent=2) + "\n")
     print(json.dumps(manifest, indent=2))
     return 0
 
