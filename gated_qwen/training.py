@@ -559,7 +559,7 @@ def _save_checkpoint(
     accelerator.wait_for_everyone()
 
 
-def _save_model(accelerator, model, tokenizer, out: Path) -> Path:
+def _save_model(accelerator, model, tokenizer, out: Path, continued: bool) -> Path:
     from transformers import GenerationConfig
 
     final = out / "final"
@@ -568,14 +568,17 @@ def _save_model(accelerator, model, tokenizer, out: Path) -> Path:
             unwrapped = accelerator.unwrap_model(model)
             unwrapped.save_pretrained(staging, safe_serialization=True)
             tokenizer.save_pretrained(staging)
-            GenerationConfig(
-                eos_token_id=tokenizer.eos_token_id,
-                pad_token_id=tokenizer.pad_token_id,
-                do_sample=True,
-                temperature=0.8,
-                top_k=50,
-                max_new_tokens=64,
-            ).save_pretrained(staging)
+            # A model continued from a checkpoint keeps the generation config it was loaded with (save_pretrained
+            # wrote it); one trained from scratch has only the defaults derived from its config: give it ours.
+            if not continued:
+                GenerationConfig(
+                    eos_token_id=tokenizer.eos_token_id,
+                    pad_token_id=tokenizer.pad_token_id,
+                    do_sample=True,
+                    temperature=0.8,
+                    top_k=50,
+                    max_new_tokens=64,
+                ).save_pretrained(staging)
     accelerator.wait_for_everyone()
     return final
 
@@ -870,7 +873,7 @@ def train(args: TrainingArguments, resume: str | Path | None = None) -> dict:
     if checkpoint is None or step > state["step"]:  # a run resumed at its end already has this checkpoint
         _save_checkpoint(accelerator, out, args, tokenizer, step, tokens, elapsed, train_loss, last_eval)
     merge_gate_rows(accelerator.unwrap_model(model))  # final/ holds the plain q_proj a checkpoint has
-    final = _save_model(accelerator, model, tokenizer, out)
+    final = _save_model(accelerator, model, tokenizer, out, continued=bool(args.init_from))
     summary = {
         "steps": step,
         "tokens": tokens,

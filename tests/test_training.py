@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers import GenerationConfig
 
 from gated_qwen import Qwen3GatedForCausalLM, convert_checkpoint, convert_qwen3_to_gated
 from gated_qwen.cli import main
@@ -65,6 +66,9 @@ def test_a_few_steps_lower_the_heldout_loss(corpus, tmp_path):
     assert summary["tokens"] == 12 * 4 * 32
     reloaded = Qwen3GatedForCausalLM.from_pretrained(tmp_path / "run" / "final")
     assert reloaded.config.gate_type == "headwise"
+    # trained from scratch: the trainer's sampling defaults
+    written = GenerationConfig.from_pretrained(tmp_path / "run" / "final")
+    assert (written.do_sample, written.temperature, written.top_k, written.max_new_tokens) == (True, 0.8, 50, 64)
 
 
 def test_resume_continues_at_the_same_step_with_the_same_losses(corpus, tmp_path):
@@ -188,6 +192,7 @@ def split_rows(model, tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
 
 def test_init_from_starts_exactly_at_the_sources_loss(corpus, tmp_path):
     stock = write_stock_checkpoint(tmp_path / "stock")
+    GenerationConfig(do_sample=True, temperature=0.3, top_p=0.5, max_new_tokens=7).save_pretrained(stock)
     convert_checkpoint(stock, tmp_path / "converted", gate="headwise", progress=False)
     runs = {
         "stock": continue_args(corpus, tmp_path / "stock_run", stock, max_steps=2),
@@ -211,8 +216,10 @@ def test_init_from_starts_exactly_at_the_sources_loss(corpus, tmp_path):
         assert log[1]["train_loss"] == logs["stock"][1]["train_loss"], name
         final = Path(runs[name].output_dir) / "final"
         assert load(final).config.gate_type == ("none" if name == "stock" else "headwise")
-        # the checkpoint's tokenizer is kept, not a new one trained on the text
+        # the checkpoint's tokenizer and generation config are kept, not a new tokenizer and the trainer's defaults
         assert AutoTokenizer.from_pretrained(final).get_vocab() == tokenizer.get_vocab(), name
+        kept = GenerationConfig.from_pretrained(final)
+        assert (kept.temperature, kept.top_p, kept.max_new_tokens) == (0.3, 0.5, 7), name
 
 
 def test_init_from_the_released_baseline_arm_as_downloaded(corpus, tmp_path):
