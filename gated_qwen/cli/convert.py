@@ -39,25 +39,11 @@ def add_parser(subparsers) -> None:
 
 def run(args) -> int:
     from ..conversion import convert_checkpoint
+    from ._checkpoint_arguments import checkpoint_options, written
 
-    result = convert_checkpoint(
-        args.src,
-        args.dst,
-        gate=args.gate,
-        init=args.init,
-        dtype=args.dtype,
-        max_shard_size=args.max_shard_size,
-        overwrite=args.overwrite,
-        revision=args.revision,
-        subfolder=args.subfolder,
-        verify=args.verify,
-        progress=not args.quiet,
-    )
+    result = convert_checkpoint(args.src, args.dst, gate=args.gate, init=args.init, **checkpoint_options(args))
     how = f"{result.gate} gate kept" if args.gate == "keep" else f"{args.gate} gate, {args.init} init"
-    print(
-        f"wrote {result.path}: {how}, {result.total_size / 1e6:,.1f} MB in "
-        f"{len(result.files)} file{'s' if len(result.files) > 1 else ''}"
-    )
+    print(f"wrote {written(result)} ({how})")
     if result.max_difference is not None:
         print(f"largest logit difference from {args.src}: {result.max_difference:g}")
     return 0

@@ -28,23 +28,10 @@ def add_parser(subparsers) -> None:
 
 def run(args) -> int:
     from ..export import export_checkpoint
+    from ._checkpoint_arguments import checkpoint_options, written
 
-    result = export_checkpoint(
-        args.src,
-        args.dst,
-        to=args.to,
-        dtype=args.dtype,
-        max_shard_size=args.max_shard_size,
-        overwrite=args.overwrite,
-        revision=args.revision,
-        subfolder=args.subfolder,
-        verify=args.verify,
-        progress=not args.quiet,
-    )
-    print(
-        f"wrote {result.path}: {result.to}, {result.total_size / 1e6:,.1f} MB in "
-        f"{len(result.files)} file{'s' if len(result.files) > 1 else ''}"
-    )
+    result = export_checkpoint(args.src, args.dst, to=args.to, **checkpoint_options(args))
+    print(f"wrote {written(result)} ({result.to})")
     print(
         f"parameters: {result.source_parameters:,} -> {result.exported_parameters:,} ({result.parameter_growth:+.2%})"
         + (" (the headwise gate is stored once per channel)" if result.exported_parameters > result.source_parameters else "")
