@@ -13,7 +13,9 @@ docstrings), continued for the same token budget on the same (held-in) training 
 * ``random``: converted with randomly drawn gate rows (``--init random``), all parameters trained;
 * ``identity-gate-lr10`` (not run unless asked, ``--arms``): as ``identity`` with ``--gate-lr-scale 10``;
 * ``baseline-seed2`` (not run unless asked): ``baseline`` with seed 2, so other rows in another order: how
-  much the held-out loss of one run moves with the data order alone.
+  much the held-out loss of one run moves with the data order alone;
+* ``identity-seed2``, ``random-seed2`` (not run unless asked): ``identity`` and ``random`` with seed 2, each
+  paired with ``baseline-seed2`` as the seed-1 arms are with ``baseline``.
 
 Every arm runs ``gated-qwen train`` in its own process, one after the other, with the same seed, so
 step N of every arm trains on the same rows. Then each final model (and each starting model) is
@@ -58,8 +60,15 @@ ARMS = {
     "random": ["--gate", "headwise", "--init", "random"],
     "identity-gate-lr10": ["--gate", "headwise", "--init", "identity", "--gate-lr-scale", "10"],
     "baseline-seed2": [],  # the baseline again with another data order (SEEDS): how far one seed's result moves
+    "identity-seed2": ["--gate", "headwise", "--init", "identity"],
+    "random-seed2": ["--gate", "headwise", "--init", "random"],
 }
-SEEDS = {"baseline-seed2": 2}  # arms with a seed of their own (no other arm saw their rows, so no paired comparison)
+SEEDS = {"baseline-seed2": 2, "identity-seed2": 2, "random-seed2": 2}  # arms with a seed of their own
+
+
+def paired_baseline(arm: str) -> str:
+    """The baseline arm that trained on the same rows in the same order as ``arm`` (the same seed)."""
+    return "baseline-seed2" if arm in SEEDS else "baseline"
 DEFAULT_ARMS = ("baseline", "identity", "identity-gate-only", "random")
 SPIKE_STEPS = 50  # the spike measures look at the first SPIKE_STEPS optimizer steps
 
@@ -106,8 +115,8 @@ def spike_measures(log: list[dict], reference: list[dict] | None, steps: int = S
     ``rise_over_running_min``: the largest ``loss[t] - min(loss[1..t-1])``, t <= steps (the train loss of
     step t is that of its batch before step t's update; batches differ, so this includes batch noise,
     whose size the unchanged baseline arm shows). ``excess_over_reference``: the largest
-    ``loss[t] - reference_loss[t]``, t <= steps, where the reference is the baseline arm, which trained on
-    the very same rows at every step, so batch difficulty cancels. ``first_step``: the loss at step 1,
+    ``loss[t] - reference_loss[t]``, t <= steps, where the reference is the paired baseline arm (the same
+    seed, :func:`paired_baseline`), which trained on the very same rows at every step, so batch difficulty cancels. ``first_step``: the loss at step 1,
     i.e. of the starting model on the first batch.
     """
     losses = {int(r["step"]): float(r["train_loss"]) for r in log if r["train_loss"]}
@@ -165,6 +174,12 @@ def read_log(folder: Path) -> list[dict]:
     return list(csv.DictReader((folder / "log.csv").open()))
 
 
+def reference_log(arm: str, out: Path) -> list[dict] | None:
+    """The log of ``arm``'s paired baseline (None for a baseline itself, or when that arm has not run)."""
+    baseline = out / paired_baseline(arm)
+    return read_log(baseline) if baseline.name != arm and (baseline / "log.csv").is_file() else None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="runs/continue", help="folder of the arms' runs (default %(default)s)")
@@ -197,7 +212,6 @@ def main() -> None:
 
     tokenizer = load_tokenizer(args.init_from)
     rows = heldout_rows(pack_documents(read_documents(f"{args.data}/heldout.jsonl"), tokenizer), 256)
-    reference = read_log(Path(args.out) / "baseline") if (Path(args.out) / "baseline" / "log.csv").is_file() else None
     results = {}
     for arm in args.arms:
         folder = Path(args.out) / arm
@@ -217,7 +231,7 @@ def main() -> None:
             "train_elapsed_s": summary["elapsed_s"],
             "before": measure(start_model, rows),
             "after": measure(final_model, rows),
-            "spike": spike_measures(log, None if arm == "baseline" or arm in SEEDS else reference),
+            "spike": spike_measures(log, reference_log(arm, Path(args.out))),
             "heldout_curve": [(int(r["step"]), float(r["heldout_loss"])) for r in log if r["heldout_loss"]],
         }
         print(f"[{arm}] held-out {results[arm]['before']['heldout']['loss']:.4f} -> "
@@ -258,19 +272,23 @@ def markdown_table(report: dict) -> str:
         "held-out loss over every 256-token held-out row; spikes over the first "
         f"{report['settings']['spike_steps']} steps.",
         "",
-        "| arm | flags | trained parameters | held-out loss before | after | change | step-1 train loss "
+        "| arm | flags | trained parameters | held-out loss before | after | change | after minus paired baseline's "
+        "| step-1 train loss "
         "| largest rise over running min | train loss - baseline's on the same rows: largest (steps 1-50) "
         "/ mean 1-10 / 11-50 / 51-end | gate mean before / after "
         "| gates < 0.5 after | mean \\|gate - 0.5\\| after | wall time |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for arm, r in report["arms"].items():
         before, after, spike = r["before"], r["after"], r["spike"]
         gates_before, gates_after = before["gates"], after["gates"]
         wall = r["wall_s"] if r["wall_s"] is not None else r["train_elapsed_s"]
+        paired = report["arms"].get(paired_baseline(arm))
+        gap = after["heldout"]["loss"] - paired["after"]["heldout"]["loss"] if paired and paired is not r else None
         lines.append(
             f"| {arm} | `{r['flags'] or '(none)'}` | {r['trainable_parameters']:,} | {f(before['heldout']['loss'], 4)} "
             f"| {f(after['heldout']['loss'], 4)} | {after['heldout']['loss'] - before['heldout']['loss']:+.4f} "
+            f"| {'-' if gap is None else f'{gap:+.4f}'} "
             f"| {f(spike['first_step'])} | {f(spike['rise_over_running_min'])} | {excess(spike)} "
             f"| {f(gates_before and gates_before['mean'])} / {f(gates_after and gates_after['mean'])} "
             f"| {f(gates_after and gates_after['below_0.5'])} | {f(gates_after and gates_after['movement_from_0.5'])} "
