@@ -21,7 +21,6 @@ import json
 import shutil
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -65,14 +64,15 @@ def write_released_arm(folder: Path) -> int:
 
 def main() -> int:
     from gated_qwen.benchmark import _PEAK_RSS, run_child
+    from gated_qwen.outputs import scratch_folder
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3, help="runs of each child (default 3); the median is shown")
     parser.add_argument("--scratch", help="where to write the 3.4 GB arm and its re-saved copy (default: a temporary folder)")
     args = parser.parse_args()
 
-    scratch = Path(tempfile.mkdtemp(dir=args.scratch, prefix="released-arm-"))
-    try:
+    # A 3.4 GB folder: one that a killed run left behind is removed by the next run (gated_qwen.outputs).
+    with scratch_folder(args.scratch, name="released-arm") as scratch:
         arm, clean = scratch / "1B_gate_headwise", scratch / "clean"
         weight_bytes = write_released_arm(arm)
         print(f"wrote {arm}: {weight_bytes / 1e6:,.1f} MB of bf16 weights in pytorch_model.bin", file=sys.stderr)
@@ -93,8 +93,6 @@ def main() -> int:
             seconds = statistics.median(run["seconds"] for run in runs)
             peak = max(run["peak_rss"] for run in runs)
             print(f"| {name} | {seconds:.2f} | {peak / 1e6:,.0f} | {peak / weight_bytes:.3f} |")
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
     return 0
 
 
