@@ -1,7 +1,8 @@
 """Writing outputs whole or not at all: links, '.', existing folders, failures midway, leftovers of killed runs.
 
 The mechanism (gated_qwen.outputs) on its own, then through `gated-qwen convert` in the situations users
-reported: DST a link to an empty folder, DST '.', a convert killed with SIGKILL while writing shards.
+reported: DST a link to an empty folder, DST '.', a convert killed with SIGKILL while writing shards, and DST
+on another file system than SRC (tmpfs at /dev/shm, where there is one).
 """
 
 from __future__ import annotations
@@ -270,3 +271,42 @@ def test_a_convert_killed_while_writing_shards_is_cleaned_up_by_the_next(stock, 
         assert main(["convert", str(stock), str(tmp_path / "dst"), "--quiet"]) == 0
     assert listing(tmp_path) == ["dst"]
     assert f"removed {left.path}" in caplog.text
+
+
+def another_file_system(tmp_path: Path) -> Path:
+    """A fresh folder on a file system other than ``tmp_path``'s (tmpfs at /dev/shm), or skip."""
+    import tempfile
+
+    shm = Path("/dev/shm")
+    if not (shm.is_dir() and os.access(shm, os.W_OK)) or shm.stat().st_dev == tmp_path.stat().st_dev:
+        pytest.skip("no writable file system other than the test folder's (/dev/shm)")
+    return Path(tempfile.mkdtemp(dir=shm, prefix="gated-qwen-test-"))
+
+
+@pytest.mark.parametrize("dst_kind", ["missing", "empty folder", "link from the source's file system"])
+def test_convert_onto_another_file_system_gives_the_same_files(stock, tmp_path, dst_kind):
+    """SRC on one file system, DST on another: the unchanged tensors cross by copy_file_range or its fallback,
+    the staging folder lies on DST's side, and the files equal those of a convert on SRC's own file system."""
+    import shutil
+
+    from gated_qwen.cli import main
+
+    assert main(["convert", str(stock), str(tmp_path / "here"), "--quiet"]) == 0
+    other = another_file_system(tmp_path)
+    try:
+        target = other / "gated"
+        dst = target
+        if dst_kind == "empty folder":
+            target.mkdir()
+        elif dst_kind == "link from the source's file system":
+            target.mkdir()
+            dst = tmp_path / "link"
+            dst.symlink_to(target)
+        assert main(["convert", str(stock), str(dst), "--quiet"]) == 0
+        assert listing(target) == listing(tmp_path / "here")
+        for name in listing(target):
+            assert (target / name).read_bytes() == (tmp_path / "here" / name).read_bytes(), name
+        assert listing(other) == ["gated"]  # no staging folder left on either side
+        assert dst_kind != "link from the source's file system" or dst.is_symlink()
+    finally:
+        shutil.rmtree(other, ignore_errors=True)
