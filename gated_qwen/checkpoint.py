@@ -25,8 +25,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from .errors import CheckpointError
-from .hub import resolve_source
+from .errors import CheckpointError, GatedQwenError
+from .hub import resolve_source, source_location
 from .layout import gate_type_for_rows, q_proj_rows
 
 CONFIG_NAME = "config.json"
@@ -306,9 +306,7 @@ def read_checkpoint_header(
             header.files.append(str(file))
             header.file_sizes[str(file)] = file.stat().st_size
         return header
-    if Path(path_or_repo_id).exists() or str(path_or_repo_id).startswith((".", "/", "~")):
-        raise CheckpointError(f"{local} is not a folder; give a checkpoint folder or a hub id like owner/name")
-    resolve_source(str(path_or_repo_id), subfolder, revision, token)  # offline, no network, unknown repo: said at once
+    _check_hub_source(path_or_repo_id, subfolder, revision, token)
     return _read_hub_header(str(path_or_repo_id), subfolder, revision, token)
 
 
@@ -424,14 +422,21 @@ def check_q_proj_layout(config, tensors: dict[str, TensorInfo], source: str = "t
             )
 
 
-def _check_hub_source(src, subfolder: str, revision: str | None) -> None:
+def _check_hub_source(src, subfolder: str, revision: str | None, token: str | bool | None = None) -> None:
     """Refuse, in one line and at once, a ``src`` that is not a local folder and cannot be a usable hub id:
     a file, a path, or (:func:`gated_qwen.hub.resolve_source`) offline, no network, an unknown repository."""
-    from .errors import GatedQwenError
-
     if Path(src).expanduser().exists() or str(src).startswith((".", "/", "~")) or str(src).count("/") > 1:
-        raise GatedQwenError(f"{src} is not a folder; give a checkpoint folder or a hub id like Qwen/Qwen3-0.6B")
-    resolve_source(str(src), subfolder, revision)
+        raise CheckpointError(f"{src} is not a folder; give a checkpoint folder or a hub id like owner/name")
+    resolve_source(str(src), subfolder, revision, token)
+
+
+def _hub_failure(src, error: BaseException, doing: str) -> CheckpointError:
+    """The one line for a hub request that failed after :func:`gated_qwen.hub.resolve_source` found the source."""
+    reason = " ".join(str(error).split())
+    return CheckpointError(
+        f"{src} is not a local folder and could not be {doing} from the hub ({reason}); "
+        "check the path or hub id, the revision, or the network"
+    )
 
 
 def read_config_json(src: str | os.PathLike, subfolder: str = "", revision: str | None = None) -> dict:
@@ -456,14 +461,9 @@ def read_config_json(src: str | os.PathLike, subfolder: str = "", revision: str 
     try:
         return read_json(hf_hub_download(str(src), CONFIG_NAME, subfolder=subfolder or None, revision=revision), "model config")
     except EntryNotFoundError:
-        where = f"{src}" + (f" (subfolder {subfolder})" if subfolder else "")
-        raise CheckpointError(f"{where} has no config.json; it is not a model checkpoint") from None
+        raise CheckpointError(f"{source_location(str(src), subfolder)} has no config.json; it is not a model checkpoint") from None
     except (HfHubHTTPError, LocalEntryNotFoundError, OSError, ValueError) as error:
-        reason = " ".join(str(error).split())
-        raise CheckpointError(
-            f"{src} is not a local folder and could not be read from the hub ({reason}); "
-            "check the path or hub id, the revision, or the network"
-        ) from None
+        raise _hub_failure(src, error, "read") from None
 
 
 def checkpoint_folder(src: str | os.PathLike, subfolder: str = "", revision: str | None = None) -> Path:
@@ -475,8 +475,6 @@ def checkpoint_folder(src: str | os.PathLike, subfolder: str = "", revision: str
     >>> checkpoint_folder("QwQZh/gated_attention", "1B_gate_headwise")  # doctest: +SKIP
     PosixPath('/root/.cache/huggingface/hub/models--QwQZh--gated_attention/snapshots/aad415c.../1B_gate_headwise')
     """
-    from .errors import GatedQwenError
-
     local = Path(src).expanduser()
     if local.is_dir():
         folder = local / subfolder
@@ -488,22 +486,38 @@ def checkpoint_folder(src: str | os.PathLike, subfolder: str = "", revision: str
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
     prefix = f"{subfolder.strip('/')}/" if subfolder else ""
-    where = f"{src}" + (f" (subfolder {subfolder})" if subfolder else "")
     try:
         format_name, _ = hub_weight_files(str(src), subfolder, revision)
         patterns = [CONFIG_NAME, *AUXILIARY_FILES, "additional_chat_templates/*"]
         patterns += list(WEIGHT_PATTERNS[format_name]) if format_name else []
         snapshot = snapshot_download(str(src), revision=revision, allow_patterns=[prefix + p for p in patterns])
     except (HfHubHTTPError, LocalEntryNotFoundError, OSError, ValueError) as error:
-        reason = " ".join(str(error).split())
-        raise CheckpointError(
-            f"{src} is not a local folder and could not be downloaded from the hub ({reason}); "
-            "check the path or hub id, the revision, or the network"
-        ) from None
+        raise _hub_failure(src, error, "downloaded") from None
     folder = Path(snapshot) / subfolder
     if not (folder / CONFIG_NAME).is_file():
-        raise CheckpointError(f"{where} has no {CONFIG_NAME}; it is not a model checkpoint")
+        raise CheckpointError(f"{source_location(str(src), subfolder)} has no {CONFIG_NAME}; it is not a model checkpoint")
     return folder
+
+
+def read_source_checkpoint(
+    src: str | os.PathLike, subfolder: str, revision: str | None, dst: Path, output: str
+) -> CheckpointHeader:
+    """The header of the checkpoint a command reads to write the folder ``dst`` (``output`` names what it writes).
+
+    The source is :func:`checkpoint_folder`'s (a hub snapshot of only the files needed); a source and DST
+    that lie inside one another, and a source without weights, are refused before anything is written.
+
+    >>> read_source_checkpoint("path/to/1B_gate_headwise", "", None, Path("out"), "export").weights_format  # doctest: +SKIP
+    'pytorch'
+    """
+    folder = checkpoint_folder(src, subfolder, revision)
+    for inside, outside in ((dst, folder), (folder, dst)):
+        if inside.resolve().is_relative_to(outside.resolve()):
+            raise GatedQwenError(f"{dst} and the source {folder} overlap; write the {output} elsewhere")
+    header = read_checkpoint_header(folder)
+    if not header.tensors:
+        raise CheckpointError(f"{folder} has no weights (model.safetensors, pytorch_model.bin, or an index of either)")
+    return header
 
 
 # ----------------------------------------------------------------------------------------------
@@ -584,8 +598,6 @@ def split_into_shards(plan: dict[str, TensorInfo], max_shard_size: int | str):
     {'model.safetensors': ['a']}
     """
     from huggingface_hub import split_state_dict_into_shards_factory
-
-    from .errors import GatedQwenError
 
     if isinstance(max_shard_size, str) and max_shard_size.strip().isdigit():
         max_shard_size = int(max_shard_size)  # a plain number of bytes, as the CLI passes it

@@ -41,8 +41,7 @@ from .checkpoint import (
     CheckpointTensors,
     TensorInfo,
     check_q_proj_layout,
-    checkpoint_folder,
-    read_checkpoint_header,
+    read_source_checkpoint,
     write_safetensors_checkpoint,
 )
 from .configuration_qwen3_gated import Qwen3GatedConfig, normalize_config_dict
@@ -296,17 +295,8 @@ def convert_checkpoint(
     output = OutputFolder(dst, overwrite=overwrite)  # refuses a bad DST now, before any reading
     dst = output.destination
 
-    folder = checkpoint_folder(src, subfolder, revision)
-    for inside, outside in ((dst, folder), (folder, dst)):
-        if inside.resolve().is_relative_to(outside.resolve()):
-            raise GatedQwenError(f"{dst} and the source {folder} overlap; write the converted checkpoint elsewhere")
-
-    header = read_checkpoint_header(folder)
-    source = str(folder)
-    if not header.tensors:
-        raise CheckpointError(
-            f"{source} has no weights (model.safetensors, pytorch_model.bin, or an index of either)"
-        )
+    header = read_source_checkpoint(src, subfolder, revision, dst, "converted checkpoint")
+    folder, source = Path(header.source), header.source
     source_config = source_config_from_dict(header.config, source)
     check_q_proj_layout(source_config, header.tensors, source)
     config = source_config if gate == "keep" else gated_config_from_dict(header.config, gate, source)

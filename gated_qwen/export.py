@@ -45,9 +45,8 @@ from .checkpoint import (
     CheckpointTensors,
     TensorInfo,
     check_q_proj_layout,
-    checkpoint_folder,
-    read_checkpoint_header,
     read_config_json,
+    read_source_checkpoint,
     write_safetensors_checkpoint,
 )
 from .configuration_qwen3_gated import Qwen3GatedConfig
@@ -313,13 +312,8 @@ def export_checkpoint(
     if not architecture.endswith("ForCausalLM"):
         raise CheckpointError(f"{source} is a {architecture}; only causal language models (...ForCausalLM) can be exported")
 
-    folder = checkpoint_folder(src, subfolder, revision)
-    for inside, outside in ((dst, folder), (folder, dst)):
-        if inside.resolve().is_relative_to(outside.resolve()):
-            raise GatedQwenError(f"{dst} and the source {folder} overlap; write the export elsewhere")
-    header = read_checkpoint_header(folder)
-    if not header.tensors:
-        raise CheckpointError(f"{folder} has no weights (model.safetensors, pytorch_model.bin, or an index of either)")
+    header = read_source_checkpoint(src, subfolder, revision, dst, "export")
+    folder = Path(header.source)
     source_tensors = header.tensors
     config = source_config_from_dict(config_dict, source)
     check_q_proj_layout(config, source_tensors, source)

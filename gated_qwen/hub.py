@@ -28,7 +28,12 @@ HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
 PROBE_TIMEOUT_S = 10.0
 
 
-def _where(repo_id: str, subfolder: str = "") -> str:
+def source_location(repo_id: str, subfolder: str = "") -> str:
+    """A source as messages name it.
+
+    >>> source_location("QwQZh/gated_attention", "1B_gate_headwise")
+    'QwQZh/gated_attention (subfolder 1B_gate_headwise)'
+    """
     return f"{repo_id}" + (f" (subfolder {subfolder})" if subfolder else "")
 
 
@@ -98,7 +103,7 @@ def check_hub_repository(repo_id: str, subfolder: str = "", revision: str | None
 
         if not isinstance(try_to_load_from_cache(repo_id, config_name, revision=revision), str):
             raise GatedQwenError(
-                f"{_where(repo_id, subfolder)} is not in the local hub cache, and the hub is switched off "
+                f"{source_location(repo_id, subfolder)} is not in the local hub cache, and the hub is switched off "
                 "(HF_HUB_OFFLINE=1): unset HF_HUB_OFFLINE on a machine with network, or give a local folder"
             )
         return
@@ -138,7 +143,7 @@ def hub_error(error: BaseException, repo_id: str, subfolder: str = "", revision:
         RevisionNotFoundError,
     )
 
-    where = _where(repo_id, subfolder)
+    where = source_location(repo_id, subfolder)
     if isinstance(error, GatedQwenError):
         return error
     if isinstance(error, OfflineModeIsEnabled):
@@ -169,4 +174,4 @@ def _is_connection_error(error: BaseException) -> bool:
     return any(cls.__name__ in ("TransportError", "ConnectionError", "Timeout") for cls in type(error).__mro__)
 
 
-__all__ = ["check_hub_repository", "hub_error", "is_offline", "looks_like_path", "resolve_source"]
+__all__ = ["check_hub_repository", "hub_error", "is_offline", "looks_like_path", "resolve_source", "source_location"]
