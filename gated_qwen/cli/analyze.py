@@ -135,11 +135,9 @@ def run(args) -> int:
     from ..names import model_label
     from ..outputs import OutputFolder
     from ..verbosity import quiet_transformers
+    from ._arguments import check_at_least
 
-    for option, least in (("batch_size", 1), ("max_tokens", 1), ("context", 2), ("stride", 1), ("skip_queries", 0)):
-        value = getattr(args, option)
-        if value is not None and value < least:
-            raise GatedQwenError(f"--{option.replace('_', '-')} must be at least {least}, not {value}")
+    check_at_least(args, {"batch_size": 1, "max_tokens": 1, "context": 2, "stride": 1, "skip_queries": 0})
     models = [args.model, *args.compare]
     if len(args.subfolder) not in (1, len(models)):
         raise GatedQwenError(f"--subfolder takes one folder for all models or one per model ({len(models)}), not {len(args.subfolder)}")

@@ -7,7 +7,7 @@ import sys
 
 def add_parser(subparsers) -> None:
     from ..names import DEVICES, DTYPES
-    from .generate import _number
+    from ._arguments import number
 
     parser = subparsers.add_parser(
         "eval",
@@ -25,10 +25,10 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--revision", default=None, help="hub branch, tag or commit (all models)")
     parser.add_argument("--tasks", required=True, metavar="T1,T2", help="comma-separated harness tasks, e.g. mmlu,hellaswag,gsm8k")
     parser.add_argument("--include-path", action="append", default=[], metavar="DIR", help="a folder of task YAML files (repeatable)")
-    parser.add_argument("--num-fewshot", type=_number(int, 0), metavar="K", help="few-shot examples (default: each task's own)")
-    parser.add_argument("--limit", type=_number(float, 0, low_open=True), metavar="N",
+    parser.add_argument("--num-fewshot", type=number(int, 0), metavar="K", help="few-shot examples (default: each task's own)")
+    parser.add_argument("--limit", type=number(float, 0, low_open=True), metavar="N",
                         help="documents per task (N >= 1), or a share of them (0 < N < 1); default: all")
-    parser.add_argument("--batch-size", type=_number(int, 1), default=1, metavar="N", help="requests per forward (default 1)")
+    parser.add_argument("--batch-size", type=number(int, 1), default=1, metavar="N", help="requests per forward (default 1)")
     parser.add_argument("--device", default="auto", choices=DEVICES, help="auto: cuda, then mps, then cpu")
     parser.add_argument("--dtype", default="auto", choices=DTYPES, help="auto: the checkpoint's dtype")
     parser.add_argument("--output-path", metavar="DIR", help="write results.json (every number) and results.md (the table) here")

@@ -2,28 +2,11 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import sys
 
 _ESCAPES = {"n": "\n", "t": "\t", "\\": "\\"}
-
-
-def _number(kind, low, high=None, low_open=False):
-    """An argparse type: ``kind`` (int/float) within [low, high] (``low_open``: above low)."""
-
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
-        if value < low or (low_open and value == low) or (high is not None and value > high):
-            bound = f"{'above' if low_open else 'at least'} {low}" + (f" and at most {high}" if high is not None else "")
-            raise argparse.ArgumentTypeError(f"{text} is out of range: it must be {bound}")
-        return value
-
-    return parse
 
 
 def _unescape(text: str) -> str:
@@ -32,6 +15,8 @@ def _unescape(text: str) -> str:
 
 
 def add_parser(subparsers) -> None:
+    from ._arguments import number
+
     parser = subparsers.add_parser(
         "generate",
         help="complete prompts with a model",
@@ -55,11 +40,11 @@ def add_parser(subparsers) -> None:
     )
     inputs = parser.add_argument_group("prompts")
     inputs.add_argument("--prompts-file", metavar="PATH", help="a file with one prompt per line ('-': stdin)")
-    inputs.add_argument("--batch-size", type=_number(int, 1), default=8, help="prompts per batch (default 8)")
+    inputs.add_argument("--batch-size", type=number(int, 1), default=8, help="prompts per batch (default 8)")
     inputs.add_argument("--chat", action="store_true", help="wrap each prompt in the tokenizer's chat template")
     inputs.add_argument("--system", help="system prompt for --chat")
     decoding = parser.add_argument_group("decoding")
-    decoding.add_argument("--max-new-tokens", type=_number(int, 1), default=64, help="default 64")
+    decoding.add_argument("--max-new-tokens", type=number(int, 1), default=64, help="default 64")
     mode = decoding.add_mutually_exclusive_group()
     mode.add_argument("--greedy", dest="do_sample", action="store_false", default=None, help="greedy decoding")
     mode.add_argument(
@@ -68,10 +53,10 @@ def add_parser(subparsers) -> None:
         action="store_true",
         help="sample (implied by --temperature/--top-p/--top-k; default: the model's generation config)",
     )
-    decoding.add_argument("--temperature", type=_number(float, 0, low_open=True))
-    decoding.add_argument("--top-p", type=_number(float, 0, 1, low_open=True))
-    decoding.add_argument("--top-k", type=_number(int, 0))
-    decoding.add_argument("--repetition-penalty", type=_number(float, 0, low_open=True))
+    decoding.add_argument("--temperature", type=number(float, 0, low_open=True))
+    decoding.add_argument("--top-p", type=number(float, 0, 1, low_open=True))
+    decoding.add_argument("--top-k", type=number(int, 0))
+    decoding.add_argument("--repetition-penalty", type=number(float, 0, low_open=True))
     decoding.add_argument(
         "--seed", type=int, default=0,
         help="seed torch first (default 0): the same command gives the same text every run; another seed, another sample",

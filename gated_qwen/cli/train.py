@@ -70,11 +70,9 @@ def add_parser(subparsers) -> None:
 def run_train(args) -> int:
     from ..training import train
     from ..training_args import TrainingArguments
+    from ._arguments import check_at_least
 
-    for name in ("vocab_size", "seq_len", "batch_size", "max_steps", "max_tokens", "eval_every", "eval_rows"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+    check_at_least(args, dict.fromkeys(("vocab_size", "seq_len", "batch_size", "max_steps", "max_tokens", "eval_every", "eval_rows"), 1))
     training_args = TrainingArguments(
         train_file=args.train_file,
         output_dir=args.out,
