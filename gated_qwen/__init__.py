@@ -2,8 +2,17 @@
 
 Importing the package registers ``qwen3_gated`` with transformers' Auto classes (and PEFT's defaults)
 without importing either: the registration runs when transformers (or PEFT) is imported, or at once if it
-already is (:mod:`gated_qwen.integrations`). The public classes load on first use, so ``import gated_qwen``
+already is (:mod:`gated_qwen.models.auto`). The public classes load on first use, so ``import gated_qwen``
 and the ``gated-qwen`` command start without torch.
+
+The package by layers (imports run downwards only):
+
+- :mod:`gated_qwen.models`: configuration, modeling, the q_proj row layout, Auto registration;
+- :mod:`gated_qwen.checkpoint`: reading checkpoints (formats, sources, validation) and writing folders safely;
+- :mod:`gated_qwen.transforms`: conversion and export;
+- :mod:`gated_qwen.serving`: the vLLM plugin;
+- :mod:`gated_qwen.tools`: generation, analysis, evaluation, training, benchmarks;
+- :mod:`gated_qwen.cli`: the ``gated-qwen`` command, thin over the above.
 
 >>> import gated_qwen
 >>> from transformers import AutoConfig
@@ -13,20 +22,40 @@ and the ``gated-qwen`` command start without torch.
 
 from importlib import import_module
 
-from .integrations import on_transformers_import, register_with_peft, when_imported
+from .models.auto import on_transformers_import, register_with_peft
+from .utils.import_hooks import alias_module, when_imported
 
 __version__ = "0.1.0"
 
 # public name -> the module that defines it, imported on first access (PEP 562)
 _LAZY = {
-    "Qwen3GatedConfig": "configuration_qwen3_gated",
-    "Qwen3GatedForCausalLM": "modeling_qwen3_gated",
-    "Qwen3GatedForSequenceClassification": "modeling_qwen3_gated",
-    "Qwen3GatedModel": "modeling_qwen3_gated",
-    "Qwen3GatedPreTrainedModel": "modeling_qwen3_gated",
-    "convert_checkpoint": "conversion",
-    "convert_qwen3_to_gated": "conversion",
+    "Qwen3GatedConfig": "models.qwen3_gated.configuration_qwen3_gated",
+    "Qwen3GatedForCausalLM": "models.qwen3_gated.modeling_qwen3_gated",
+    "Qwen3GatedForSequenceClassification": "models.qwen3_gated.modeling_qwen3_gated",
+    "Qwen3GatedModel": "models.qwen3_gated.modeling_qwen3_gated",
+    "Qwen3GatedPreTrainedModel": "models.qwen3_gated.modeling_qwen3_gated",
+    "convert_checkpoint": "transforms.conversion",
+    "convert_qwen3_to_gated": "transforms.conversion",
+    "export_checkpoint": "transforms.export",
 }
+
+# Module paths of earlier releases, kept importable (each is the same module object as its new place).
+LEGACY_MODULES = {
+    "analysis": "tools.analysis",
+    "benchmark": "tools.benchmark",
+    "configuration_qwen3_gated": "models.qwen3_gated.configuration_qwen3_gated",
+    "conversion": "transforms.conversion",
+    "evaluation": "tools.evaluation",
+    "export": "transforms.export",
+    "generation": "tools.generation",
+    "layout": "models.layout",
+    "modeling_qwen3_gated": "models.qwen3_gated.modeling_qwen3_gated",
+    "outputs": "checkpoint.outputs",
+    "training": "tools.training",
+    "vllm_plugin": "serving.vllm_plugin",
+}
+for _old, _new in LEGACY_MODULES.items():
+    alias_module(f"{__name__}.{_old}", f"{__name__}.{_new}")
 
 when_imported("transformers", on_transformers_import)
 when_imported("peft.utils.constants", register_with_peft)
@@ -34,10 +63,12 @@ when_imported("peft.utils.constants", register_with_peft)
 
 def __getattr__(name: str):
     if name in _LAZY:
-        import_module(".modeling_qwen3_gated", __name__)  # registers with the Auto classes on import
+        import_module(".models.qwen3_gated.modeling_qwen3_gated", __name__)  # registers with the Auto classes
         value = getattr(import_module(f".{_LAZY[name]}", __name__), name)
         globals()[name] = value
         return value
+    if name in LEGACY_MODULES:  # gated_qwen.conversion as an attribute, as before the move
+        return import_module(f".{name}", __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

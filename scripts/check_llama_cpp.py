@@ -2,7 +2,7 @@
 
     python scripts/check_llama_cpp.py --llama-cpp path/to/llama.cpp [--model gated_qwen/default_models/headwise]
 
-1. Exports ``--model`` (default: the embedded headwise model) with ``gated_qwen.export`` in float32.
+1. Exports ``--model`` (default: the embedded headwise model) with ``gated_qwen.transforms.export`` in float32.
 2. Converts the export with llama.cpp's own ``convert_hf_to_gguf.py`` (``--llama-cpp``: a llama.cpp source
    tree, e.g. the ``vendor/llama.cpp`` of a llama-cpp-python sdist) with ``--no-mtp`` (the export has no
    multi-token-prediction block, and the converter asserts without the flag). A toy tokenizer's BPE
@@ -100,7 +100,7 @@ def main() -> int:
     from transformers import AutoTokenizer
 
     from gated_qwen import Qwen3GatedForCausalLM
-    from gated_qwen.export import export_checkpoint
+    from gated_qwen.transforms.export import export_checkpoint
 
     work = args.work or Path(tempfile.mkdtemp(prefix="check_llama_cpp_"))
     exported, gguf = work / "qwen3_5", work / "model-f32.gguf"

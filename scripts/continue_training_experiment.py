@@ -20,7 +20,7 @@ docstrings), continued for the same token budget on the same (held-in) training 
 Every arm runs ``gated-qwen train`` in its own process, one after the other, with the same seed, so
 step N of every arm trains on the same rows. Then each final model (and each starting model) is
 measured here in float32: held-out loss over every 256-token row of the held-out split, and the gates
-(sigmoid of the gate logits, ``gated_qwen.analysis.record_gates``) at every held-out token, head and
+(sigmoid of the gate logits, ``gated_qwen.tools.analysis.record_gates``) at every held-out token, head and
 layer. The loss spike is read off each run's ``log.csv`` (see ``spike_measures``).
 
     python scripts/prepare_corpus.py
@@ -48,7 +48,7 @@ from pathlib import Path
 
 import torch
 
-from gated_qwen.outputs import write_text
+from gated_qwen.checkpoint.outputs import write_text
 
 ROOT = Path(__file__).resolve().parents[1]
 BASELINE = "gated_qwen/default_models/baseline"
@@ -142,7 +142,7 @@ def spike_measures(log: list[dict], reference: list[dict] | None, steps: int = S
 @torch.no_grad()
 def gate_statistics(model, rows: torch.Tensor, batch_size: int = 16) -> dict | None:
     """Gates (after the sigmoid) at every token, head and layer of ``rows``: mean, share < 0.5, mean |g - 0.5|."""
-    from gated_qwen.analysis import record_gates
+    from gated_qwen.tools.analysis import record_gates
 
     if model.config.gate_type == "none":
         return None
@@ -164,7 +164,7 @@ def gate_statistics(model, rows: torch.Tensor, batch_size: int = 16) -> dict | N
 
 
 def measure(model, rows: torch.Tensor) -> dict:
-    from gated_qwen.training import evaluate
+    from gated_qwen.tools.training import evaluate
 
     model.eval()
     return {"heldout": evaluate(model, rows, batch_size=16), "gates": gate_statistics(model, rows)}
@@ -207,8 +207,8 @@ def main() -> None:
         runs[arm] = run_arm(arm, args)
 
     from gated_qwen import Qwen3GatedForCausalLM
-    from gated_qwen.generation import load_tokenizer
-    from gated_qwen.training import TrainingArguments, heldout_rows, load_initial_model, pack_documents, read_documents
+    from gated_qwen.tools.generation import load_tokenizer
+    from gated_qwen.tools.training import TrainingArguments, heldout_rows, load_initial_model, pack_documents, read_documents
 
     tokenizer = load_tokenizer(args.init_from)
     rows = heldout_rows(pack_documents(read_documents(f"{args.data}/heldout.jsonl"), tokenizer), 256)

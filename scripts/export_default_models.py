@@ -9,9 +9,9 @@ number in them is measured here, on the shipped files as ``from_pretrained`` loa
   ``SLICE_ROWS`` rows (saved as ``heldout_slice.json``, which ``tests/test_training.py`` re-measures);
 * a unigram model's perplexity on the same held-out tokens (train-split token counts, add-one smoothed);
 * for a gated arm, sigmoid of the gate logits at every held-out token, head and layer: mean and the
-  fraction below 0.5 (``gated_qwen.analysis.record_gates``);
+  fraction below 0.5 (``gated_qwen.tools.analysis.record_gates``);
 * the attention share on the first token of a row, over the first ``ATTENTION_ROWS`` held-out rows,
-  queries after the first, all heads and layers (``gated_qwen.analysis.record_attention``).
+  queries after the first, all heads and layers (``gated_qwen.tools.analysis.record_attention``).
 
     python scripts/export_default_models.py [--runs runs] [--force]
 """
@@ -27,10 +27,10 @@ from pathlib import Path
 import torch
 
 from gated_qwen import Qwen3GatedForCausalLM
-from gated_qwen.analysis import record_attention, record_gates, summarize_gates
+from gated_qwen.tools.analysis import record_attention, record_gates, summarize_gates
 from gated_qwen.default_models import DEFAULT_MODELS_DIR
-from gated_qwen.outputs import OutputFolder
-from gated_qwen.training import evaluate, heldout_rows, pack_documents, read_documents, unigram_perplexity
+from gated_qwen.checkpoint.outputs import OutputFolder
+from gated_qwen.tools.training import evaluate, heldout_rows, pack_documents, read_documents, unigram_perplexity
 
 ARMS = ("headwise", "baseline")
 SLICE_ROWS = 4
@@ -60,7 +60,7 @@ def first_token_mass(model, rows: torch.Tensor, batch_size: int = 4) -> float:
 
 
 def export_arm(run: Path, target: Path) -> dict:
-    # The shipped folder is replaced whole or not at all (gated_qwen.outputs, as every command writes).
+    # The shipped folder is replaced whole or not at all (gated_qwen.checkpoint.outputs, as every command writes).
     with OutputFolder(target, overwrite=True) as partial:
         return _write_arm(run, target, partial)
 

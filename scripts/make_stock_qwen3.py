@@ -15,7 +15,7 @@ import argparse
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from gated_qwen.outputs import OutputError, OutputFolder
+from gated_qwen.checkpoint.outputs import OutputError, OutputFolder
 
 
 def make_stock_qwen3(

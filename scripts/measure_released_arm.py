@@ -63,15 +63,15 @@ def write_released_arm(folder: Path) -> int:
 
 
 def main() -> int:
-    from gated_qwen.benchmark import _PEAK_RSS, run_child
-    from gated_qwen.outputs import scratch_folder
+    from gated_qwen.tools.benchmark import _PEAK_RSS, run_child
+    from gated_qwen.checkpoint.outputs import scratch_folder
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3, help="runs of each child (default 3); the median is shown")
     parser.add_argument("--scratch", help="where to write the 3.4 GB arm and its re-saved copy (default: a temporary folder)")
     args = parser.parse_args()
 
-    # A 3.4 GB folder: one that a killed run left behind is removed by the next run (gated_qwen.outputs).
+    # A 3.4 GB folder: one that a killed run left behind is removed by the next run (gated_qwen.checkpoint.outputs).
     with scratch_folder(args.scratch, name="released-arm") as scratch:
         arm, clean = scratch / "1B_gate_headwise", scratch / "clean"
         weight_bytes = write_released_arm(arm)

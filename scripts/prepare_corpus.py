@@ -24,7 +24,7 @@ import sys
 import sysconfig
 from pathlib import Path
 
-from gated_qwen.outputs import output_file, write_text
+from gated_qwen.checkpoint.outputs import output_file, write_text
 
 SKIPPED_PARTS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__", "lib2to3", "turtledemo"}
 HELDOUT_EVERY = 20

@@ -6,7 +6,7 @@ with transformers 4.x and Qwen2-era keys, ``head_dim`` absent where it is hidden
 ``attention_bias`` disagreeing with ``qkv_bias``; the weights are one ``pytorch_model.bin``; the
 authors' two Python files lie beside them (here: files that raise if imported). It assembles q_proj
 row by row from the text of the format with explicit loops, deliberately *not* through
-``gated_qwen.layout``, so that tests compare the package against the spec rather than itself.
+``gated_qwen.models.layout``, so that tests compare the package against the spec rather than itself.
 ``write_released_arm`` adds Qwen's own tokenizer (no BOS, no pad) and the vocabulary of 152064.
 """
 

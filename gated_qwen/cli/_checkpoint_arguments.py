@@ -16,7 +16,7 @@ def add_checkpoint_arguments(parser, src_help: str, verify_help: str) -> None:
     >>> parser.parse_args(["src", "dst", "--max-shard-size", "500MB"]).max_shard_size
     '500MB'
     """
-    from ..names import DTYPES
+    from ..utils.names import DTYPES
 
     parser.add_argument("src", metavar="SRC", help=src_help)
     parser.add_argument("dst", metavar="DST", help="the folder to write (must not exist or be empty, unless --overwrite)")

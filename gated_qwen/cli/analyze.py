@@ -8,7 +8,7 @@ from pathlib import Path
 
 
 def add_parser(subparsers) -> None:
-    from ..names import DEVICES, DTYPES
+    from ..utils.names import DEVICES, DTYPES
 
     parser = subparsers.add_parser(
         "analyze",
@@ -129,12 +129,12 @@ def _print_table(numbers: dict) -> None:
 
 
 def run(args) -> int:
-    from ..devices import resolve_device, resolve_dtype
+    from ..utils.devices import resolve_device, resolve_dtype
     from ..errors import GatedQwenError
-    from ..generation import check_tokenizer_files, load_model_and_tokenizer, local_checkpoint_folder
-    from ..names import model_label
-    from ..outputs import OutputFolder
-    from ..verbosity import quiet_transformers
+    from ..tools.generation import check_tokenizer_files, load_model_and_tokenizer, local_checkpoint_folder
+    from ..utils.names import model_label
+    from ..checkpoint.outputs import OutputFolder
+    from ..utils.verbosity import quiet_transformers
     from ._arguments import check_at_least
 
     check_at_least(args, {"batch_size": 1, "max_tokens": 1, "context": 2, "stride": 1, "skip_queries": 0})
@@ -154,7 +154,7 @@ def run(args) -> int:
         check_tokenizer_files(model_name, subfolder)
     output = OutputFolder(args.out, overwrite=args.overwrite)  # checked before any model is loaded
     if not args.no_plots:
-        from ..analysis import _pyplot
+        from ..tools.analysis import _pyplot
 
         _pyplot()  # fail before any model is loaded when matplotlib is missing
     resolve_device(args.device), resolve_dtype(args.dtype)  # an unavailable device or dtype: refused before any loading
@@ -169,7 +169,7 @@ def run(args) -> int:
         numbers[label]["source"] = {"model": model_name, "subfolder": subfolder}
         del model
 
-    with output as staging:  # --out is put in place whole at the end, or left as it was (gated_qwen.outputs)
+    with output as staging:  # --out is put in place whole at the end, or left as it was (gated_qwen.checkpoint.outputs)
         figures = [] if args.no_plots else _write_figures(staging, numbers, tensors)
         arguments = {key: value for key, value in vars(args).items() if key != "run"}
         report = {"arguments": arguments, "figures": figures, "models": numbers}

@@ -13,7 +13,7 @@ PARTS = ("models", "loading", "conversion")
 
 def add_parser(subparsers) -> None:
     # The defaults and choices come from the library's torch-free options module, the one place they are defined.
-    from ..benchmark_options import DTYPES, SIZES, BenchmarkOptions
+    from ..tools.benchmark_options import DTYPES, SIZES, BenchmarkOptions
 
     defaults = BenchmarkOptions()
     parser = subparsers.add_parser(
@@ -79,11 +79,11 @@ def command_line(args) -> str:
 
 
 def run(args) -> int:
-    from ..benchmark import BenchmarkOptions, format_markdown, run_benchmark
-    from ..outputs import OutputFolder
+    from ..tools.benchmark import BenchmarkOptions, format_markdown, run_benchmark
+    from ..checkpoint.outputs import OutputFolder
 
     # Checked before measuring, not after minutes of it. --output-dir may hold other files: only these two
-    # are written, both at once (gated_qwen.outputs), and earlier ones replaced only with --overwrite.
+    # are written, both at once (gated_qwen.checkpoint.outputs), and earlier ones replaced only with --overwrite.
     output_dir = Path(args.output_dir)
     output = OutputFolder(
         output_dir, overwrite=args.overwrite, merge=True, names=OUTPUT_FILES,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 def add_parser(subparsers) -> None:
-    from ..names import CHECKPOINT_CONVERSION_GATES, CONVERSION_INITS
+    from ..utils.names import CHECKPOINT_CONVERSION_GATES, CONVERSION_INITS
     from ._checkpoint_arguments import add_checkpoint_arguments
 
     parser = subparsers.add_parser(
@@ -38,7 +38,7 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
-    from ..conversion import convert_checkpoint
+    from ..transforms.conversion import convert_checkpoint
     from ._checkpoint_arguments import checkpoint_options, written
 
     result = convert_checkpoint(args.src, args.dst, gate=args.gate, init=args.init, **checkpoint_options(args))

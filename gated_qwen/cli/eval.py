@@ -1,4 +1,4 @@
-"""``gated-qwen eval``: lm-evaluation-harness benchmarks on one or more arms (see :mod:`gated_qwen.evaluation`)."""
+"""``gated-qwen eval``: lm-evaluation-harness benchmarks on one or more arms (see :mod:`gated_qwen.tools.evaluation`)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import sys
 
 
 def add_parser(subparsers) -> None:
-    from ..names import DEVICES, DTYPES
+    from ..utils.names import DEVICES, DTYPES
     from ._arguments import number
 
     parser = subparsers.add_parser(
@@ -40,10 +40,10 @@ def add_parser(subparsers) -> None:
 
 def run(args) -> int:
     from ..errors import GatedQwenError
-    from ..evaluation import evaluate, format_table, output_folder, task_manager, write_results
-    from ..generation import check_tokenizer_files, load_model_and_tokenizer, local_checkpoint_folder
-    from ..names import model_label
-    from ..verbosity import quiet_transformers
+    from ..tools.evaluation import evaluate, format_table, output_folder, task_manager, write_results
+    from ..tools.generation import check_tokenizer_files, load_model_and_tokenizer, local_checkpoint_folder
+    from ..utils.names import model_label
+    from ..utils.verbosity import quiet_transformers
 
     tasks = [task.strip() for task in args.tasks.split(",") if task.strip()]
     if not tasks:

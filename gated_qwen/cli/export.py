@@ -27,7 +27,7 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
-    from ..export import export_checkpoint
+    from ..transforms.export import export_checkpoint
     from ._checkpoint_arguments import checkpoint_options, written
 
     result = export_checkpoint(args.src, args.dst, to=args.to, **checkpoint_options(args))

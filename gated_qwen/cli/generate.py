@@ -112,7 +112,7 @@ def resolve_model_source(model: str | None) -> str:
 
 def run(args) -> int:
     from ..errors import GatedQwenError
-    from ..verbosity import quiet_transformers
+    from ..utils.verbosity import quiet_transformers
 
     if args.system is not None and not args.chat:
         raise GatedQwenError("--system needs --chat")
@@ -122,7 +122,7 @@ def run(args) -> int:
 
 
 def _generate(args, prompts: list[str]) -> int:
-    from ..generation import CompletionStreamer, build_generation_config, generate, load_model_and_tokenizer
+    from ..tools.generation import CompletionStreamer, build_generation_config, generate, load_model_and_tokenizer
 
     model, tokenizer = load_model_and_tokenizer(
         resolve_model_source(args.model),

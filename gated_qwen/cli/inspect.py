@@ -27,8 +27,8 @@ def describe(checkpoint: str, subfolder: str = "", revision: str | None = None) 
     >>> describe("QwQZh/gated_attention", subfolder="1B_gate_headwise")["gate_type"]  # doctest: +SKIP
     'headwise'
     """
-    from ..checkpoint import SAFETENSORS_DTYPES, check_q_proj_layout, read_checkpoint_header
-    from ..configuration_qwen3_gated import Qwen3GatedConfig, check_model_type
+    from ..checkpoint.formats import SAFETENSORS_DTYPES, check_q_proj_layout, read_checkpoint_header
+    from ..models.qwen3_gated.configuration_qwen3_gated import Qwen3GatedConfig, check_model_type
     from ..errors import CheckpointError
 
     header = read_checkpoint_header(checkpoint, subfolder=subfolder, revision=revision)
@@ -80,7 +80,7 @@ def _parameters_from_config(config) -> int:
     """The parameter count of the model ``config`` describes (built on the meta device: nothing allocated)."""
     import torch
 
-    from ..modeling_qwen3_gated import Qwen3GatedForCausalLM
+    from ..models.qwen3_gated.modeling_qwen3_gated import Qwen3GatedForCausalLM
 
     with torch.device("meta"):
         model = Qwen3GatedForCausalLM(config)

@@ -1,5 +1,5 @@
 """``gated-qwen train``: train a Qwen3Gated model on plain text, from scratch or continuing a checkpoint
-(see :mod:`gated_qwen.training`)."""
+(see :mod:`gated_qwen.tools.training`)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import json
 
 
 def add_parser(subparsers) -> None:
-    from ..names import CONVERSION_INITS, GATE_TYPES
-    from ..training_args import DEFAULT_VOCAB_SIZE, TRAINABLE, TrainingArguments
+    from ..utils.names import CONVERSION_INITS, GATE_TYPES
+    from ..tools.training_args import DEFAULT_VOCAB_SIZE, TRAINABLE, TrainingArguments
 
     defaults = TrainingArguments(train_file="", output_dir="")
     parser = subparsers.add_parser(
@@ -68,8 +68,8 @@ def add_parser(subparsers) -> None:
 
 
 def run_train(args) -> int:
-    from ..training import train
-    from ..training_args import TrainingArguments
+    from ..tools.training import train
+    from ..tools.training_args import TrainingArguments
     from ._arguments import check_at_least
 
     check_at_least(args, dict.fromkeys(("vocab_size", "seq_len", "batch_size", "max_steps", "max_tokens", "eval_every", "eval_rows"), 1))

@@ -1,0 +1,720 @@
+"""Checkpoint files: what a checkpoint holds, its tensors one at a time, and streamed safetensors output.
+
+A checkpoint is a folder (or a hub repository) with ``config.json`` and its weights, either
+safetensors (``model.safetensors`` or shards with an index) or, as in the released gated-attention
+arms, PyTorch pickles (``pytorch_model.bin`` or shards with an index). Used by ``from_pretrained``
+(to refuse a q_proj that does not match the config before any weight is read), by ``gated-qwen
+inspect`` and by the commands that write checkpoints (``convert``, ``export``).
+
+Nothing here runs code from a checkpoint. Pickles are only ever read with
+``torch.load(weights_only=True)``, which refuses anything but plain tensors and containers; a
+file it refuses is reported as such, one line, and never unpickled otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import struct
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from operator import attrgetter
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from ..errors import CheckpointError, GatedQwenError
+from .hub import resolve_source, source_location
+from ..models.layout import gate_type_for_rows, q_proj_rows
+
+CONFIG_NAME = "config.json"
+SAFE_WEIGHTS_NAME = "model.safetensors"
+SAFE_WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
+PICKLE_WEIGHTS_NAME = "pytorch_model.bin"
+PICKLE_WEIGHTS_INDEX_NAME = "pytorch_model.bin.index.json"
+# (index, single file) of each weight format, in the order transformers prefers them
+WEIGHT_FILES = {"safetensors": (SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME), "pytorch": (PICKLE_WEIGHTS_INDEX_NAME, PICKLE_WEIGHTS_NAME)}
+WEIGHT_PATTERNS = {"safetensors": ("*.safetensors", SAFE_WEIGHTS_INDEX_NAME), "pytorch": ("pytorch_model*.bin", PICKLE_WEIGHTS_INDEX_NAME)}
+
+# Files beside the weights that a written checkpoint takes over unchanged. Python files are never
+# copied: a checkpoint's code is never run, nor passed on.
+AUXILIARY_FILES = (
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "chat_template.jinja",
+    "chat_template.json",
+    "additional_chat_templates",
+    "LICENSE",
+    "NOTICE",
+)
+
+# safetensors' dtype codes and the torch dtypes they hold
+SAFETENSORS_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool,
+}  # fmt: skip
+SAFETENSORS_CODES = {dtype: code for code, dtype in SAFETENSORS_DTYPES.items()}
+
+
+@dataclass
+class TensorInfo:
+    shape: tuple[int, ...]
+    dtype: str  # safetensors spelling: "F32", "BF16", ...
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for size in self.shape:
+            n *= size
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * SAFETENSORS_DTYPES[self.dtype].itemsize
+
+
+@dataclass
+class CheckpointHeader:
+    """What a checkpoint holds, read from its config.json and weight headers only.
+
+    ``tensors`` is empty where the shapes cannot be had without downloading the weights (pickle
+    weights on the hub); ``file_sizes`` then still says how large each weight file is.
+    """
+
+    source: str
+    config: dict
+    tensors: dict[str, TensorInfo] = field(default_factory=dict)
+    files: list[str] = field(default_factory=list)
+    weights_format: str | None = None  # "safetensors", "pytorch", or None when there are no weights
+    file_sizes: dict[str, int] = field(default_factory=dict)
+
+
+def read_json(path: str | os.PathLike, what: str) -> dict:
+    """A JSON object from ``path``, or one clear error naming the file and what it should have been.
+
+    >>> read_json("path/to/config.json", "model config")  # doctest: +SKIP
+    {'model_type': 'qwen2', ...}
+    """
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise CheckpointError(f"{path} is not valid JSON ({error}); the {what} is corrupt or truncated") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path} does not hold a JSON object; it is not a {what}")
+    return data
+
+
+# ----------------------------------------------------------------------------------------------
+# One weight file
+
+
+def read_local_safetensors_header(path: str | os.PathLike) -> dict[str, TensorInfo]:
+    """Names, shapes and dtypes of the tensors in one local safetensors file, without reading them.
+
+    >>> read_local_safetensors_header("model.safetensors")  # doctest: +SKIP
+    {'model.embed_tokens.weight': TensorInfo(shape=(151936, 2048), dtype='BF16'), ...}
+    """
+    try:
+        with safe_open(os.fspath(path), framework="pt") as handle:
+            return {
+                name: TensorInfo(tuple(handle.get_slice(name).get_shape()), handle.get_slice(name).get_dtype())
+                for name in handle.keys()
+            }
+    except FileNotFoundError:
+        raise CheckpointError(f"{path} does not exist") from None
+    except Exception as error:  # safetensors raises its own SafetensorError for a bad header
+        raise CheckpointError(
+            f"{path} is not a readable safetensors file ({error}); it is corrupt or truncated: download or write it again"
+        ) from None
+
+
+def read_local_safetensors_offsets(path: str | os.PathLike) -> dict[str, tuple[int, int]]:
+    """Where each tensor's bytes lie in one local safetensors file: ``(start, end)`` from the file's start.
+
+    Writers copy unchanged tensors with these, byte for byte, without reading them into memory.
+
+    >>> read_local_safetensors_offsets("model.safetensors")["model.norm.weight"]  # doctest: +SKIP
+    (3441427968, 3441432064)
+    """
+    try:
+        with open(path, "rb") as handle:
+            (header_size,) = struct.unpack("<Q", handle.read(8))
+            header = json.loads(handle.read(header_size))
+            file_size = os.fstat(handle.fileno()).st_size
+        data_start = 8 + header_size
+        offsets = {
+            name: (data_start + entry["data_offsets"][0], data_start + entry["data_offsets"][1])
+            for name, entry in header.items()
+            if name != "__metadata__"
+        }
+    except FileNotFoundError:
+        raise CheckpointError(f"{path} does not exist") from None
+    except (struct.error, ValueError, TypeError, KeyError, IndexError) as error:
+        raise CheckpointError(f"{path} is not a readable safetensors file ({error}); it is corrupt or truncated") from None
+    if any(end > file_size or start > end for start, end in offsets.values()):
+        raise CheckpointError(f"{path} is shorter than its header says; it is corrupt or truncated: download or write it again")
+    return offsets
+
+
+def load_pickle_weights(path: str | os.PathLike, map_location: str = "cpu") -> dict[str, torch.Tensor]:
+    """The tensors of a ``pytorch_model.bin``, read with ``torch.load(weights_only=True)`` and memory-mapped.
+
+    ``map_location="meta"`` gives shapes and dtypes without reading any tensor data. A pickle that
+    holds anything but plain tensors (code to run, say) is refused by torch's safe unpickler and
+    reported as one :class:`CheckpointError`; so is a truncated or damaged file.
+
+    >>> load_pickle_weights("1B_gate_headwise/pytorch_model.bin", map_location="meta")["lm_head.weight"].shape  # doctest: +SKIP
+    torch.Size([152064, 2048])
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path} does not exist")
+    try:
+        try:
+            # mmap: tensors are views of the file; only the pages that are read become resident
+            state = torch.load(path, map_location=map_location, weights_only=True, mmap=map_location != "meta")
+        except RuntimeError as error:
+            if "mmap can only be used" not in str(error):
+                raise
+            state = torch.load(path, map_location=map_location, weights_only=True)  # the pre-1.6 format
+    except pickle.UnpicklingError as error:
+        lines = [line.strip() for line in str(error).splitlines() if line.strip()] or ["refused"]
+        # torch's message is a page long; the line that names what the pickle wanted is the one to keep
+        reason = next((line for line in lines if "GLOBAL" in line or "WeightsUnpickler error" in line), lines[0])
+        reason = reason.removeprefix("WeightsUnpickler error:").strip().rstrip(".")[:200]
+        raise CheckpointError(
+            f"{path} holds a pickle that is not plain tensors ({reason}); it was refused and nothing in it ran. "
+            "Get the weights from a source you trust, preferably as safetensors"
+        ) from None
+    except (RuntimeError, EOFError, OSError, ValueError) as error:
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+        raise CheckpointError(
+            f"{path} is not a readable PyTorch weights file ({reason}); it is corrupt or truncated: download it again"
+        ) from None
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise CheckpointError(f"{path} does not hold a dict of tensors; it is not a model's weights file")
+    return state
+
+
+def read_local_pickle_header(path: str | os.PathLike) -> dict[str, TensorInfo]:
+    """Names, shapes and dtypes of the tensors in one local ``pytorch_model.bin``, without reading their data.
+
+    >>> read_local_pickle_header("pytorch_model.bin")["model.norm.weight"]  # doctest: +SKIP
+    TensorInfo(shape=(2048,), dtype='BF16')
+    """
+    infos = {}
+    for name, tensor in load_pickle_weights(path, map_location="meta").items():
+        if tensor.dtype not in SAFETENSORS_CODES:
+            raise CheckpointError(f"{path}: {name} has dtype {tensor.dtype}, which gated-qwen does not read")
+        infos[name] = TensorInfo(tuple(tensor.shape), SAFETENSORS_CODES[tensor.dtype])
+    return infos
+
+
+def read_weight_file_header(path: str | os.PathLike) -> dict[str, TensorInfo]:
+    """Names, shapes and dtypes in one weight file: safetensors by its header, ``.bin`` by its pickle (no data read).
+
+    >>> read_weight_file_header("1B_gate_headwise/pytorch_model.bin")  # doctest: +SKIP
+    """
+    return read_local_safetensors_header(path) if str(path).endswith(".safetensors") else read_local_pickle_header(path)
+
+
+# ----------------------------------------------------------------------------------------------
+# A whole checkpoint
+
+
+def _files_of_index(index: Path, fetch: Callable[[str], str | None]) -> list[str]:
+    weight_map = read_json(index, "weights index").get("weight_map")
+    if not isinstance(weight_map, dict):
+        raise CheckpointError(f"{index} has no weight_map; the index is corrupt")
+    files = []
+    for name in dict.fromkeys(weight_map.values()):
+        file = fetch(name)
+        if file is None:
+            raise CheckpointError(f"{index} names the shard {name}, which is missing")
+        files.append(file)
+    return files
+
+
+def local_weight_files(folder: str | os.PathLike) -> list[Path]:
+    """The weight files of a local checkpoint folder: safetensors if it has any, else ``pytorch_model.bin``
+    (an index's shards, or the single file); [] when it has neither.
+
+    >>> local_weight_files("1B_gate_headwise")  # doctest: +SKIP
+    [PosixPath('1B_gate_headwise/pytorch_model.bin')]
+    """
+    folder = Path(folder)
+
+    def fetch(name: str) -> str | None:
+        return str(folder / name) if (folder / name).is_file() else None
+
+    for index_name, single_name in WEIGHT_FILES.values():
+        if (folder / index_name).is_file():
+            return [Path(f) for f in _files_of_index(folder / index_name, fetch)]
+        if (folder / single_name).is_file():
+            return [folder / single_name]
+    return []
+
+
+def weights_format(files: Iterable[str | os.PathLike]) -> str | None:
+    """``"safetensors"``, ``"pytorch"`` or None (no files), from the files' names.
+
+    >>> weights_format(["pytorch_model.bin"])
+    'pytorch'
+    """
+    names = [str(f) for f in files]
+    if not names:
+        return None
+    return "safetensors" if names[0].endswith(".safetensors") else "pytorch"
+
+
+def read_checkpoint_header(
+    path_or_repo_id: str | os.PathLike,
+    subfolder: str = "",
+    revision: str | None = None,
+    token: str | bool | None = None,
+) -> CheckpointHeader:
+    """Config and tensor shapes of a local checkpoint folder or a hub repository, without the weights.
+
+    Locally, safetensors headers are read, or a ``pytorch_model.bin``'s pickle without its data. On the
+    hub only config.json, the index and the safetensors headers are fetched (HTTP range reads); of
+    pickle weights only the file sizes can be had without the download.
+
+    >>> header = read_checkpoint_header("QwQZh/gated_attention", subfolder="1B_gate_headwise")  # doctest: +SKIP
+    >>> header.weights_format, header.file_sizes  # doctest: +SKIP
+    ('pytorch', {'1B_gate_headwise/pytorch_model.bin': 3443587890})
+    """
+    local = Path(path_or_repo_id) / subfolder
+    if local.is_dir():
+        config_path = local / CONFIG_NAME
+        if not config_path.is_file():
+            raise CheckpointError(f"{local} has no {CONFIG_NAME}; it is not a model checkpoint folder")
+        header = CheckpointHeader(str(local), read_json(config_path, "model config"))
+        files = local_weight_files(local)
+        header.weights_format = weights_format(files)
+        for file in files:
+            header.tensors.update(read_weight_file_header(file))
+            header.files.append(str(file))
+            header.file_sizes[str(file)] = file.stat().st_size
+        return header
+    _check_hub_source(path_or_repo_id, subfolder, revision, token)
+    return _read_hub_header(str(path_or_repo_id), subfolder, revision, token)
+
+
+def hub_weight_files(repo_id: str, subfolder: str = "", revision: str | None = None, token=None) -> tuple[str | None, dict[str, int]]:
+    """The weight format of a hub checkpoint and its weight files with their sizes, from the repository's listing.
+
+    Safetensors where the repository has them, else ``pytorch_model.bin``; an index's shards are
+    read from the index. ``(None, {})`` where there are no weights.
+
+    >>> hub_weight_files("QwQZh/gated_attention", "1B_gate_headwise")  # doctest: +SKIP
+    ('pytorch', {'1B_gate_headwise/pytorch_model.bin': 3443587890})
+    """
+    from huggingface_hub import HfApi, hf_hub_download
+
+    prefix = f"{subfolder.strip('/')}/" if subfolder else ""
+    listed = {
+        entry.path: entry.size
+        for entry in HfApi(token=token).list_repo_tree(repo_id, path_in_repo=subfolder or None, revision=revision)
+        if getattr(entry, "size", None) is not None
+    }
+    for format_name, (index_name, single_name) in WEIGHT_FILES.items():
+        if prefix + index_name in listed:
+            index = Path(hf_hub_download(repo_id, index_name, subfolder=subfolder or None, revision=revision, token=token))
+            names = _files_of_index(index, lambda name: name if prefix + name in listed else None)
+        elif prefix + single_name in listed:
+            names = [single_name]
+        else:
+            continue
+        return format_name, {prefix + name: listed[prefix + name] for name in names}
+    return None, {}
+
+
+def _read_hub_header(repo_id: str, subfolder: str, revision: str | None, token) -> CheckpointHeader:
+    from huggingface_hub import HfApi, hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError
+
+    where = f"{repo_id}" + (f" (subfolder {subfolder})" if subfolder else "")
+    try:
+        try:
+            config_path = hf_hub_download(repo_id, CONFIG_NAME, subfolder=subfolder or None, revision=revision, token=token)
+        except EntryNotFoundError:
+            raise CheckpointError(f"{where} has no {CONFIG_NAME}; it is not a model checkpoint") from None
+        header = CheckpointHeader(where, read_json(config_path, "model config"))
+        header.weights_format, header.file_sizes = hub_weight_files(repo_id, subfolder, revision, token)
+        header.files = list(header.file_sizes)
+        if header.weights_format == "safetensors":  # headers by HTTP range reads; a pickle's need the whole file
+            api = HfApi(token=token)
+            for filename in header.files:
+                metadata = api.parse_safetensors_file_metadata(repo_id, filename, revision=revision)
+                header.tensors.update({k: TensorInfo(tuple(v.shape), v.dtype) for k, v in metadata.tensors.items()})
+        return header
+    except CheckpointError:
+        raise
+    except (HfHubHTTPError, OSError) as error:
+        raise CheckpointError(f"could not read {where} from the hub ({error}); check the id, or the network") from None
+
+
+HUB_KWARGS = ("subfolder", "revision", "cache_dir", "token", "local_files_only", "force_download", "proxies")
+
+
+def resolve_weight_files(path_or_repo_id: str | os.PathLike, **hub_kwargs) -> list[str]:
+    """Local paths of a checkpoint's weight files (downloaded into the hub cache if need be).
+
+    The files ``from_pretrained`` reads, in its order of preference: safetensors (index or single
+    file), then ``pytorch_model.bin`` (index or single file). Takes from_pretrained's hub arguments
+    (``subfolder``, ``revision``, ...); returns [] when the checkpoint has no weights.
+
+    >>> resolve_weight_files("QwQZh/gated_attention", subfolder="1B_baseline")  # doctest: +SKIP
+    ['/root/.cache/huggingface/hub/.../1B_baseline/pytorch_model.bin']
+    """
+    from transformers.utils import cached_file
+
+    hub_kwargs = {k: v for k, v in hub_kwargs.items() if k in HUB_KWARGS}
+
+    def fetch(name: str) -> str | None:
+        return cached_file(path_or_repo_id, name, _raise_exceptions_for_missing_entries=False, **hub_kwargs)
+
+    for index_name, single_name in WEIGHT_FILES.values():
+        index = fetch(index_name)
+        if index is not None:
+            return _files_of_index(Path(index), fetch)
+        single = fetch(single_name)
+        if single is not None:
+            return [single]
+    return []
+
+
+def check_q_proj_layout(config, tensors: dict[str, TensorInfo], source: str = "the checkpoint") -> None:
+    """Refuse a checkpoint whose q_proj rows do not match ``config``'s gate type.
+
+    Raises :class:`CheckpointError` naming the layer, the expected and found shapes, and the gate type
+    the found shape implies, so that gate rows are never silently dropped or initialised at random.
+
+    >>> check_q_proj_layout(config, read_checkpoint_header(folder).tensors)  # doctest: +SKIP
+    """
+    head_dim = config.head_dim
+    expected_rows = q_proj_rows(config.gate_type, config.num_attention_heads, head_dim)
+    for layer in range(config.num_hidden_layers):
+        name = f"model.layers.{layer}.self_attn.q_proj.weight"
+        info = tensors.get(name) or tensors.get(name.removeprefix("model."))
+        if info is None:
+            continue
+        expected = (expected_rows, config.hidden_size)
+        if tuple(info.shape) != expected:
+            implied = gate_type_for_rows(info.shape[0], config.num_attention_heads, head_dim)
+            implied_text = (
+                f"that is the shape of a {implied!r} gate" if implied else "no gate type has that many rows"
+            )
+            raise CheckpointError(
+                f"{source}: {name} has shape {tuple(info.shape)} but the config (gate type {config.gate_type!r}, "
+                f"{config.num_attention_heads} heads of dim {head_dim}) expects {expected}; {implied_text}. "
+                "Use the config.json that came with these weights."
+            )
+
+
+def _check_hub_source(src, subfolder: str, revision: str | None, token: str | bool | None = None) -> None:
+    """Refuse, in one line and at once, a ``src`` that is not a local folder and cannot be a usable hub id:
+    a file, a path, or (:func:`gated_qwen.checkpoint.hub.resolve_source`) offline, no network, an unknown repository."""
+    if Path(src).expanduser().exists() or str(src).startswith((".", "/", "~")) or str(src).count("/") > 1:
+        raise CheckpointError(f"{src} is not a folder; give a checkpoint folder or a hub id like owner/name")
+    resolve_source(str(src), subfolder, revision, token)
+
+
+def _hub_failure(src, error: BaseException, doing: str) -> CheckpointError:
+    """The one line for a hub request that failed after :func:`gated_qwen.checkpoint.hub.resolve_source` found the source."""
+    reason = " ".join(str(error).split())
+    return CheckpointError(
+        f"{src} is not a local folder and could not be {doing} from the hub ({reason}); "
+        "check the path or hub id, the revision, or the network"
+    )
+
+
+def read_config_json(src: str | os.PathLike, subfolder: str = "", revision: str | None = None) -> dict:
+    """A checkpoint's config.json as a dict, from a local folder or, downloading that file alone, the hub.
+
+    Commands that can refuse a checkpoint from its config alone read it first, so that a refusal costs
+    no weight download.
+
+    >>> read_config_json("QwQZh/gated_attention", "1B_gate_headwise")["model_type"]  # doctest: +SKIP
+    'qwen2'
+    """
+    local = Path(src).expanduser()
+    if local.is_dir():
+        path = local / subfolder / CONFIG_NAME
+        if not path.is_file():
+            raise CheckpointError(f"{path.parent} has no config.json; it is not a model checkpoint folder")
+        return read_json(path, "model config")
+    _check_hub_source(src, subfolder, revision)
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, LocalEntryNotFoundError
+
+    try:
+        return read_json(hf_hub_download(str(src), CONFIG_NAME, subfolder=subfolder or None, revision=revision), "model config")
+    except EntryNotFoundError:
+        raise CheckpointError(f"{source_location(str(src), subfolder)} has no config.json; it is not a model checkpoint") from None
+    except (HfHubHTTPError, LocalEntryNotFoundError, OSError, ValueError) as error:
+        raise _hub_failure(src, error, "read") from None
+
+
+def checkpoint_folder(src: str | os.PathLike, subfolder: str = "", revision: str | None = None) -> Path:
+    """The local folder holding a checkpoint: ``src/subfolder``, or a hub snapshot of only the files needed.
+
+    From the hub come config.json, one weight format (safetensors where the repository has them, else
+    ``pytorch_model.bin``), the tokenizer and generation config (:data:`AUXILIARY_FILES`); never Python files.
+
+    >>> checkpoint_folder("QwQZh/gated_attention", "1B_gate_headwise")  # doctest: +SKIP
+    PosixPath('/root/.cache/huggingface/hub/models--QwQZh--gated_attention/snapshots/aad415c.../1B_gate_headwise')
+    """
+    local = Path(src).expanduser()
+    if local.is_dir():
+        folder = local / subfolder
+        if not folder.is_dir():
+            raise GatedQwenError(f"{local} has no subfolder {subfolder!r}")
+        return folder
+    _check_hub_source(src, subfolder, revision)
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    prefix = f"{subfolder.strip('/')}/" if subfolder else ""
+    try:
+        format_name, _ = hub_weight_files(str(src), subfolder, revision)
+        patterns = [CONFIG_NAME, *AUXILIARY_FILES, "additional_chat_templates/*"]
+        patterns += list(WEIGHT_PATTERNS[format_name]) if format_name else []
+        snapshot = snapshot_download(str(src), revision=revision, allow_patterns=[prefix + p for p in patterns])
+    except (HfHubHTTPError, LocalEntryNotFoundError, OSError, ValueError) as error:
+        raise _hub_failure(src, error, "downloaded") from None
+    folder = Path(snapshot) / subfolder
+    if not (folder / CONFIG_NAME).is_file():
+        raise CheckpointError(f"{source_location(str(src), subfolder)} has no {CONFIG_NAME}; it is not a model checkpoint")
+    return folder
+
+
+def read_source_checkpoint(
+    src: str | os.PathLike, subfolder: str, revision: str | None, dst: Path, output: str
+) -> CheckpointHeader:
+    """The header of the checkpoint a command reads to write the folder ``dst`` (``output`` names what it writes).
+
+    The source is :func:`checkpoint_folder`'s (a hub snapshot of only the files needed); a source and DST
+    that lie inside one another, and a source without weights, are refused before anything is written.
+
+    >>> read_source_checkpoint("path/to/1B_gate_headwise", "", None, Path("out"), "export").weights_format  # doctest: +SKIP
+    'pytorch'
+    """
+    folder = checkpoint_folder(src, subfolder, revision)
+    for inside, outside in ((dst, folder), (folder, dst)):
+        if inside.resolve().is_relative_to(outside.resolve()):
+            raise GatedQwenError(f"{dst} and the source {folder} overlap; write the {output} elsewhere")
+    header = read_checkpoint_header(folder)
+    if not header.tensors:
+        raise CheckpointError(f"{folder} has no weights (model.safetensors, pytorch_model.bin, or an index of either)")
+    return header
+
+
+# ----------------------------------------------------------------------------------------------
+# Tensors one at a time
+
+
+@dataclass
+class StoredTensor:
+    """Where a tensor's bytes lie in a source safetensors file: ``file[start:end]``."""
+
+    file: Path
+    start: int
+    end: int
+
+
+class CheckpointTensors:
+    """The tensors of a local checkpoint's weight files, read one at a time, in bounded memory.
+
+    ``infos`` has every tensor's shape and dtype, read from the headers. :meth:`get` reads one
+    tensor: from safetensors through a memory map opened for that tensor alone; from
+    ``pytorch_model.bin`` through ``torch.load(mmap=True, weights_only=True)``, whose map is dropped
+    and made again after every :attr:`MAPPED_BYTES` read, so that the pages read do not pile up in
+    resident memory. :meth:`stored` says where a safetensors tensor's bytes lie, for copying them unread.
+
+    >>> tensors = CheckpointTensors(local_weight_files("1B_gate_headwise"))  # doctest: +SKIP
+    >>> tensors.get("model.norm.weight").dtype  # doctest: +SKIP
+    torch.bfloat16
+    """
+
+    MAPPED_BYTES = 256 * 2**20
+
+    def __init__(self, files: Iterable[str | os.PathLike]):
+        self.infos: dict[str, TensorInfo] = {}
+        self._file_of: dict[str, Path] = {}
+        self._offsets: dict[str, tuple[int, int]] = {}
+        for file in map(Path, files):
+            infos = read_weight_file_header(file)
+            self.infos.update(infos)
+            self._file_of.update(dict.fromkeys(infos, file))
+            if file.suffix == ".safetensors":
+                self._offsets.update(read_local_safetensors_offsets(file))
+        self._mapped: tuple[Path, dict[str, torch.Tensor]] | None = None
+        self._mapped_read = 0
+
+    def stored(self, name: str) -> StoredTensor | None:
+        """Where ``name``'s bytes lie in its safetensors file; None for a pickle's tensor."""
+        if name not in self._offsets:
+            return None
+        return StoredTensor(self._file_of[name], *self._offsets[name])
+
+    def get(self, name: str) -> torch.Tensor:
+        """The tensor ``name``, on the CPU, as stored (treat it as read-only: it may be a view of the file)."""
+        file = self._file_of[name]
+        if file.suffix == ".safetensors":
+            try:
+                with safe_open(os.fspath(file), framework="pt") as handle:
+                    return handle.get_tensor(name)
+            except Exception as error:
+                raise CheckpointError(f"could not read {name} from {file} ({error}); the file is corrupt or truncated") from None
+        if self._mapped is None or self._mapped[0] != file or self._mapped_read > self.MAPPED_BYTES:
+            self._mapped = None  # drop the old map before making the new one
+            self._mapped = (file, load_pickle_weights(file))
+            self._mapped_read = 0
+        self._mapped_read += self.infos[name].nbytes
+        # A view of the map, not a copy: it keeps its map alive for as long as the caller holds it, so
+        # dropping the map above only frees it once the tensors taken from it are gone.
+        return self._mapped[1][name]
+
+
+# ----------------------------------------------------------------------------------------------
+# Writing safetensors, streamed
+
+
+def split_into_shards(plan: dict[str, TensorInfo], max_shard_size: int | str):
+    """huggingface_hub's split of ``plan`` into shards of at most ``max_shard_size`` (``"5GB"``, or bytes).
+
+    >>> split_into_shards({"a": TensorInfo((4,), "F32")}, "5GB").filename_to_tensors
+    {'model.safetensors': ['a']}
+    """
+    from huggingface_hub import split_state_dict_into_shards_factory
+
+    if isinstance(max_shard_size, str) and max_shard_size.strip().isdigit():
+        max_shard_size = int(max_shard_size)  # a plain number of bytes, as the CLI passes it
+    try:
+        return split_state_dict_into_shards_factory(
+            plan, get_storage_size=attrgetter("nbytes"), filename_pattern="model{suffix}.safetensors", max_shard_size=max_shard_size
+        )
+    except ValueError:
+        raise GatedQwenError(f"max shard size {max_shard_size!r} is not a size like 5GB, 500MB or a number of bytes") from None
+
+
+def write_safetensors_checkpoint(
+    folder: str | os.PathLike,
+    plan: dict[str, TensorInfo],
+    produce: Callable[[str], torch.Tensor | StoredTensor],
+    max_shard_size: int | str = "5GB",
+    progress: bool = True,
+    description: str = "writing",
+) -> list[str]:
+    """Write the tensors of ``plan`` into ``folder`` as sharded safetensors with an index; the shard names.
+
+    ``produce(name)`` is called once per tensor, in order, and returns the tensor, or a
+    :class:`StoredTensor` whose bytes are copied from its file unread; so only one tensor is in memory
+    at a time. ``folder`` must exist (it is the staging folder of the caller's output).
+
+    >>> write_safetensors_checkpoint(staging, {"a": TensorInfo((2,), "F32")}, lambda name: torch.zeros(2))  # doctest: +SKIP
+    ['model.safetensors']
+    """
+    from tqdm.auto import tqdm
+
+    folder = Path(folder)
+    split = split_into_shards(plan, max_shard_size)
+    total_size = sum(info.nbytes for info in plan.values())
+    with tqdm(total=total_size, unit="B", unit_scale=True, unit_divisor=1024, desc=description, disable=None if progress else True) as bar:
+        for filename, names in split.filename_to_tensors.items():
+            specs = {name: plan[name] for name in names}
+
+            def tensors(specs=specs) -> Iterator[torch.Tensor | StoredTensor]:
+                for name, spec in specs.items():
+                    yield produce(name)
+                    bar.update(spec.nbytes)
+
+            write_safetensors(folder / filename, specs, tensors())
+    if split.is_sharded:
+        index = {"metadata": {"total_size": total_size}, "weight_map": dict(sorted(split.tensor_to_filename.items()))}
+        (folder / SAFE_WEIGHTS_INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n")
+    return list(split.filename_to_tensors)
+
+
+def write_safetensors(path: Path, specs: dict[str, TensorInfo], tensors: Iterable[torch.Tensor | StoredTensor]) -> None:
+    """Write one safetensors file tensor by tensor; the header is known in advance from ``specs``.
+
+    safetensors' own writers need every tensor in memory at once; the format is simple enough
+    (8-byte little-endian header length, JSON header with byte offsets, raw little-endian data) to
+    stream instead. A :class:`StoredTensor` is copied from its source file as it is.
+
+    >>> write_safetensors(Path("a.safetensors"), {"a": TensorInfo((2,), "F32")}, [torch.zeros(2)])  # doctest: +SKIP
+    """
+    header, offset = {"__metadata__": {"format": "pt"}}, 0
+    for name, spec in specs.items():
+        size = spec.nbytes
+        header[name] = {"dtype": spec.dtype, "shape": list(spec.shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    header_bytes = json.dumps(header, separators=(",", ":")).encode()
+    header_bytes += b" " * (-len(header_bytes) % 8)  # safetensors aligns the data to 8 bytes
+    with open(path, "wb") as handle:
+        handle.write(struct.pack("<Q", len(header_bytes)))
+        handle.write(header_bytes)
+        run = None  # stored tensors that lie back to back in one source file: copied in one call
+        for (name, spec), tensor in zip(specs.items(), tensors, strict=True):
+            if isinstance(tensor, StoredTensor):
+                if tensor.end - tensor.start != spec.nbytes:
+                    raise CheckpointError(f"{tensor.file}: {name} holds {tensor.end - tensor.start} bytes, not the {spec.nbytes} "
+                                          f"its shape {spec.shape} and dtype {spec.dtype} need; the file is corrupt")
+                if run is not None and (run.file, run.end) == (tensor.file, tensor.start):
+                    run = StoredTensor(run.file, run.start, tensor.end)
+                else:
+                    if run is not None:
+                        _append_bytes(handle, run)
+                    run = tensor
+                continue
+            if run is not None:
+                _append_bytes(handle, run)
+                run = None
+            if tuple(tensor.shape) != spec.shape or SAFETENSORS_CODES[tensor.dtype] != spec.dtype:
+                raise AssertionError(f"{name}: produced {tuple(tensor.shape)} {tensor.dtype}, planned {spec}")
+            handle.write(tensor.contiguous().view(-1).view(torch.uint8).numpy())
+        if run is not None:
+            _append_bytes(handle, run)
+
+
+COPY_CHUNK_SIZE = 16 * 2**20  # bytes per read where the kernel cannot copy between the files itself
+
+
+def _append_bytes(target, stored: StoredTensor) -> None:
+    """Append ``stored``'s bytes to the open file ``target``.
+
+    os.copy_file_range copies inside the kernel (or the file system, which may share the blocks):
+    the bytes neither pass through Python nor stay resident in this process. Where it is missing
+    (not Linux) or refused (some file systems), chunks of COPY_CHUNK_SIZE are read and written.
+    """
+    target.flush()
+    start, remaining = stored.start, stored.end - stored.start
+    with open(stored.file, "rb") as source:
+        try:
+            while remaining:
+                copied = os.copy_file_range(source.fileno(), target.fileno(), remaining, start)
+                if copied == 0:
+                    break  # the source ended early: the reads below say so
+                start, remaining = start + copied, remaining - copied
+        except (AttributeError, OSError):
+            pass
+        target.seek(0, os.SEEK_END)  # copy_file_range moved the descriptor, not the Python file's idea of it
+        source.seek(start)
+        while remaining:
+            chunk = source.read(min(remaining, COPY_CHUNK_SIZE))
+            if not chunk:
+                raise CheckpointError(f"{stored.file} ended before the tensor bytes its header names; it is corrupt or truncated")
+            target.write(chunk)
+            remaining -= len(chunk)

@@ -1,0 +1,177 @@
+"""Where a model comes from, checked before anything heavy runs: a local folder, or a hub repository.
+
+The one place that tells what is wrong with a model source, for every command that reads one
+(generate, analyze, eval, inspect, convert): a path that does not exist, a file where a folder is
+needed, a missing subfolder, a hub that cannot be reached (no network), a hub switched off
+(``HF_HUB_OFFLINE=1``) without the files in the local cache, an unknown repository or revision, a
+gated repository. A hub repository is probed with one request without retries (huggingface_hub retries
+a failed download for about 25 s), so a missing network is reported at once.
+
+>>> resolve_source("gated_qwen/default_models/headwise")  # doctest: +SKIP
+PosixPath('gated_qwen/default_models/headwise')
+>>> resolve_source("./missing_dir")
+Traceback (most recent call last):
+...
+gated_qwen.errors.GatedQwenError: ./missing_dir does not exist: there is no such folder
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from pathlib import Path
+
+from ..errors import GatedQwenError
+
+# owner/name or name, as the hub spells repository ids
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
+PROBE_TIMEOUT_S = 10.0
+
+
+def source_location(repo_id: str, subfolder: str = "") -> str:
+    """A source as messages name it.
+
+    >>> source_location("QwQZh/gated_attention", "1B_gate_headwise")
+    'QwQZh/gated_attention (subfolder 1B_gate_headwise)'
+    """
+    return f"{repo_id}" + (f" (subfolder {subfolder})" if subfolder else "")
+
+
+def _arms(folder_names: list[str]) -> str:
+    return f"; it holds {', '.join(sorted(folder_names))}: pass one with --subfolder" if folder_names else ""
+
+
+def looks_like_path(source: str) -> bool:
+    """Whether ``source`` can only be a local path (not a hub id): ``./x``, ``/x``, ``~/x``, ``a/b/c``, ``x/``.
+
+    >>> looks_like_path("./missing_dir"), looks_like_path("QwQZh/gated_attention"), looks_like_path("runs/a/final")
+    (True, False, True)
+    """
+    return source.startswith((".", "/", "~")) or source.count("/") > 1 or source.endswith("/") or not HUB_ID.fullmatch(source)
+
+
+def resolve_source(source: str, subfolder: str = "", revision: str | None = None, token: str | bool | None = None) -> Path | None:
+    """The local folder ``source``/``subfolder``, or None for a hub repository that can be read.
+
+    Raises :class:`GatedQwenError` with one line saying what is wrong: see the module docstring. For a
+    hub id this costs one request (or a look into the local cache when offline).
+
+    >>> resolve_source("QwQZh/gated_attention", "1B_gate_headwise") is None  # doctest: +SKIP
+    True
+    """
+    source = str(source)
+    path = Path(source).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise GatedQwenError(f"{source} is a file, not a folder; give the folder that holds the checkpoint (config.json, weights, tokenizer files)")
+        folder = path / subfolder
+        if not folder.is_dir():
+            arms = [p.name for p in path.iterdir() if (p / "config.json").is_file()]
+            raise GatedQwenError(f"{path} has no subfolder {subfolder!r}{_arms(arms)}")
+        return folder
+    if looks_like_path(source):
+        raise GatedQwenError(f"{source} does not exist: there is no such folder")
+    try:
+        check_hub_repository(source, subfolder, revision, token)
+    except GatedQwenError as error:
+        if "/" in source:  # owner/name: a hub id
+            raise
+        raise GatedQwenError(f"there is no local folder {source}, and as a hub id: {error}") from None
+    return None
+
+
+def is_offline() -> bool:
+    """Whether the hub is switched off (``HF_HUB_OFFLINE=1`` or ``TRANSFORMERS_OFFLINE=1``)."""
+    from huggingface_hub import constants
+
+    return bool(constants.HF_HUB_OFFLINE)
+
+
+def check_hub_repository(repo_id: str, subfolder: str = "", revision: str | None = None, token: str | bool | None = None) -> None:
+    """Refuse a hub repository (and subfolder) that cannot be read, with one request and no retries.
+
+    Offline, the repository's ``config.json`` must be in the local cache.
+
+    >>> check_hub_repository("QwQZh/gated_attention", "1B_no_such_arm")  # doctest: +SKIP
+    Traceback (most recent call last):
+    ...
+    gated_qwen.errors.GatedQwenError: QwQZh/gated_attention has no subfolder '1B_no_such_arm' with a config.json; it holds ...
+    """
+    config_name = f"{subfolder.strip('/')}/config.json" if subfolder else "config.json"
+    if is_offline():
+        from huggingface_hub import try_to_load_from_cache
+
+        if not isinstance(try_to_load_from_cache(repo_id, config_name, revision=revision), str):
+            raise GatedQwenError(
+                f"{source_location(repo_id, subfolder)} is not in the local hub cache, and the hub is switched off "
+                "(HF_HUB_OFFLINE=1): unset HF_HUB_OFFLINE on a machine with network, or give a local folder"
+            )
+        return
+    try:
+        files = _repository_files(repo_id, revision, token)
+    except Exception as error:  # noqa: BLE001 - classified by hub_error; anything unknown is re-raised as it is
+        raise hub_error(error, repo_id, subfolder, revision) from None
+    if files and config_name not in files:
+        arms = sorted({name.rsplit("/", 2)[-2] for name in files if name.endswith("/config.json")})
+        what = f"no subfolder {subfolder!r} with a config.json" if subfolder else "no config.json at its top"
+        raise GatedQwenError(f"{repo_id} has {what}{_arms(arms)}")
+
+
+@functools.lru_cache(maxsize=32)
+def _repository_files(repo_id: str, revision: str | None, token: str | bool | None) -> tuple[str, ...]:
+    """The file names of a hub repository at ``revision``: one request, remembered for the process."""
+    from huggingface_hub import HfApi
+
+    info = HfApi(token=token).model_info(repo_id, revision=revision, timeout=PROBE_TIMEOUT_S)
+    return tuple(sibling.rfilename for sibling in info.siblings or ())
+
+
+def hub_error(error: BaseException, repo_id: str, subfolder: str = "", revision: str | None = None) -> BaseException:
+    """The one-line :class:`GatedQwenError` for an error huggingface_hub raised, or ``error`` itself if unknown.
+
+    >>> from huggingface_hub.errors import OfflineModeIsEnabled
+    >>> print(hub_error(OfflineModeIsEnabled("offline"), "owner/name"))
+    owner/name cannot be read: the hub is switched off (HF_HUB_OFFLINE=1) and the files are not in the local cache
+    """
+    from huggingface_hub import constants
+    from huggingface_hub.errors import (
+        EntryNotFoundError,
+        GatedRepoError,
+        LocalEntryNotFoundError,
+        OfflineModeIsEnabled,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    where = source_location(repo_id, subfolder)
+    if isinstance(error, GatedQwenError):
+        return error
+    if isinstance(error, OfflineModeIsEnabled):
+        return GatedQwenError(f"{where} cannot be read: the hub is switched off (HF_HUB_OFFLINE=1) and the files are not in the local cache")
+    if isinstance(error, GatedRepoError):
+        return GatedQwenError(f"{repo_id} is a gated repository: accept its terms on its hub page, then log in (hf auth login)")
+    if isinstance(error, RepositoryNotFoundError):
+        return GatedQwenError(
+            f"{repo_id} is neither a local folder nor a repository on the hub (or it is private: log in with hf auth login)"
+        )
+    if isinstance(error, RevisionNotFoundError):
+        return GatedQwenError(f"{repo_id} has no revision {revision!r} on the hub")
+    if isinstance(error, LocalEntryNotFoundError) or _is_connection_error(error):
+        reason = " ".join(str(error).split())[:200]
+        return GatedQwenError(
+            f"{where} cannot be read: the hub ({constants.ENDPOINT}) cannot be reached ({reason}); "
+            "check the network, or set HF_HUB_OFFLINE=1 to use files already in the local cache"
+        )
+    if isinstance(error, EntryNotFoundError):
+        return GatedQwenError(f"{where} lacks a file it needs ({' '.join(str(error).split())[:200]})")
+    return error
+
+
+def _is_connection_error(error: BaseException) -> bool:
+    """A failure to reach a server: socket errors, and the HTTP library's transport errors (httpx or httpx2)."""
+    if isinstance(error, (ConnectionError, TimeoutError)) or (isinstance(error, OSError) and error.errno is not None):
+        return True
+    return any(cls.__name__ in ("TransportError", "ConnectionError", "Timeout") for cls in type(error).__mro__)
+
+
+__all__ = ["check_hub_repository", "hub_error", "is_offline", "looks_like_path", "resolve_source", "source_location"]

@@ -1,0 +1,1 @@
+"""Qwen3Gated: configuration and modeling, as transformers lays out a model."""

@@ -1,0 +1,189 @@
+"""Qwen3GatedConfig: transformers' Qwen3Config plus the released gated-attention keys."""
+
+from __future__ import annotations
+
+from huggingface_hub.dataclasses import strict
+from transformers import Qwen3Config
+from transformers.utils import logging
+
+from ...errors import CheckpointError
+
+
+logger = logging.get_logger(__name__)
+
+
+@strict
+class Qwen3GatedConfig(Qwen3Config):
+    r"""Configuration of a Qwen3 model with a sigmoid gate on each head's attention output.
+
+    It reads a released gated-attention ``config.json`` as the files on the hub are: ``model_type
+    "qwen2"`` (the architecture is Qwen3 with QK-norm all the same), written by transformers 4.x with
+    ``rope_theta``/``rope_scaling``/``torch_dtype``/``auto_map`` and Qwen2-era keys, maybe without
+    ``head_dim``. It also reads a stock Qwen3 config, where the gate keys are absent and mean "no gate".
+    A release is recognised by its keys, not its model_type (:func:`is_gated_attention_config`); a
+    genuine Qwen2 config is refused (:func:`normalize_config_dict`).
+
+    Keys beyond Qwen3Config:
+        headwise_attn_output_gate (`bool`, defaults to `False`): one gate logit per head.
+        elementwise_attn_output_gate (`bool`, defaults to `False`): one gate logit per head and channel.
+        use_qk_norm (`bool`, defaults to `True`): RMSNorm over head_dim on queries and keys.
+        head_dim (`int`, *optional*): when absent, ``hidden_size // num_attention_heads``, as the
+            released code computes it (transformers' Qwen3Config would assume 128).
+        qkv_bias (`bool`, *optional*): a bias on q_proj, k_proj, v_proj and o_proj. As in the
+            released code it, not ``attention_bias``, decides the biases; ``attention_bias`` is set to
+            match it. When absent (a stock Qwen3 config), ``attention_bias`` decides.
+
+    ``auto_map`` of a released config is dropped: it names Python files that this package never
+    runs. ``save_pretrained`` writes ``model_type "qwen3_gated"`` and also the released keys
+    (both gate flags, ``use_qk_norm``, ``qkv_bias``, ``rope_theta``), so the authors' code can still
+    read a checkpoint saved here.
+
+    Example:
+
+    >>> config = Qwen3GatedConfig(num_attention_heads=4, num_key_value_heads=2, headwise_attn_output_gate=True)
+    >>> config.gate_type
+    'headwise'
+    """
+
+    model_type = "qwen3_gated"
+    # A colwise shard of q_proj holds whole kv groups (queries and their gate rows together) when
+    # the shard count divides num_key_value_heads, because the released layout groups rows by kv
+    # head; so Qwen3's plan, inherited unchanged, shards the gate with its heads.
+    base_model_tp_plan = Qwen3Config.base_model_tp_plan
+
+    headwise_attn_output_gate: bool = False
+    elementwise_attn_output_gate: bool = False
+    use_qk_norm: bool = True
+    qkv_bias: bool | None = None
+    head_dim: int | None = None
+
+    def __post_init__(self, **kwargs):
+        kwargs.pop("auto_map", None)
+        if self.head_dim is None:
+            self.head_dim = self.hidden_size // self.num_attention_heads
+        if self.qkv_bias is None:
+            self.qkv_bias = self.attention_bias
+        elif self.qkv_bias != self.attention_bias:
+            if "attention_bias" in kwargs or self.attention_bias:
+                logger.info(f"qkv_bias={self.qkv_bias} decides the attention biases; attention_bias is set to match")
+            self.attention_bias = self.qkv_bias
+        # Raised here as ValueError; `@strict` would wrap the same check in its own error type.
+        self._check_gate_and_heads()
+        super().__post_init__(**kwargs)
+
+    @classmethod
+    def get_config_dict(cls, pretrained_model_name_or_path, **kwargs):
+        config_dict, kwargs = super().get_config_dict(pretrained_model_name_or_path, **kwargs)
+        return normalize_config_dict(config_dict, pretrained_model_name_or_path), kwargs
+
+    @classmethod
+    def from_dict(cls, config_dict, **kwargs):
+        return super().from_dict(normalize_config_dict(config_dict), **kwargs)
+
+    @property
+    def gate_type(self) -> str:
+        """``"none"``, ``"headwise"`` or ``"elementwise"``, from the two released flags."""
+        if self.headwise_attn_output_gate:
+            return "headwise"
+        if self.elementwise_attn_output_gate:
+            return "elementwise"
+        return "none"
+
+    def validate_architecture(self):
+        """Part of `@strict` validation: the gate flags and head counts must describe one model."""
+        super().validate_architecture()
+        self._check_gate_and_heads()
+
+    def _check_gate_and_heads(self):
+        if self.headwise_attn_output_gate and self.elementwise_attn_output_gate:
+            raise ValueError(
+                "headwise_attn_output_gate and elementwise_attn_output_gate are both true; "
+                "at most one gate type can be set"
+            )
+        if self.num_key_value_heads < 1 or self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"num_attention_heads ({self.num_attention_heads}) is not a multiple of "
+                f"num_key_value_heads ({self.num_key_value_heads})"
+            )
+
+    def to_dict(self):
+        output = super().to_dict()
+        output.pop("auto_map", None)
+        # The released code (transformers 4.46) reads these keys; keep them beside the v5 ones.
+        output["rope_theta"] = (self.rope_parameters or {}).get("rope_theta", 10000.0)
+        for key in ("headwise_attn_output_gate", "elementwise_attn_output_gate", "use_qk_norm", "qkv_bias"):
+            output[key] = getattr(self, key)
+        return output
+
+
+# Keys that only the released gated-attention config (or one saved here) has; a stock Qwen3 or
+# Qwen2 config has none of them.
+GATED_ATTENTION_KEYS = ("headwise_attn_output_gate", "elementwise_attn_output_gate", "use_qk_norm", "qkv_bias")
+# The authors' Python files, named by a released config's auto_map (never imported here).
+RELEASED_CODE_FILES = ("configuration_qwen3", "modeling_qwen3")
+
+
+def is_gated_attention_config(config_dict: dict) -> bool:
+    """Whether a config.json's dict is a gated-attention release (or saved by gated-qwen), by its keys.
+
+    The released configs say ``model_type "qwen2"``; what marks them is the gate flags,
+    ``use_qk_norm`` or ``qkv_bias``, or an ``auto_map`` naming the authors' files.
+
+    >>> is_gated_attention_config({"model_type": "qwen2", "headwise_attn_output_gate": True})
+    True
+    >>> is_gated_attention_config({"model_type": "qwen2", "attention_bias": True})
+    False
+    """
+    if any(key in config_dict for key in GATED_ATTENTION_KEYS):
+        return True
+    auto_map = config_dict.get("auto_map")
+    names = auto_map.values() if isinstance(auto_map, dict) else ()
+    return any(str(name).split(".")[0] in RELEASED_CODE_FILES for name in names)
+
+
+def check_model_type(config_dict: dict, source="the config") -> str:
+    """What ``config_dict`` describes: ``"qwen3_gated"``, ``"gated_attention_release"`` or ``"qwen3"``.
+
+    Otherwise one clear error naming what it is: a genuine Qwen2 (biases on q/k/v, no QK-norm) or
+    another model type.
+
+    >>> check_model_type({"model_type": "qwen2", "use_qk_norm": True, "headwise_attn_output_gate": True})
+    'gated_attention_release'
+    >>> check_model_type({"model_type": "qwen3"})
+    'qwen3'
+    """
+    model_type = config_dict.get("model_type")
+    if model_type == Qwen3GatedConfig.model_type:
+        return model_type
+    if model_type in ("qwen2", "qwen3") and is_gated_attention_config(config_dict):
+        return "gated_attention_release"
+    if model_type == "qwen3":
+        return model_type
+    if model_type == "qwen2":
+        raise CheckpointError(
+            f"{source} is a Qwen2 model (model_type 'qwen2' without the gated-attention keys: biases on q/k/v, "
+            "no QK-norm), not a gated-attention release or Qwen3; load it with transformers' Qwen2ForCausalLM"
+        )
+    raise CheckpointError(
+        f"{source} is a {model_type!r} model, not Qwen3 or Qwen3Gated; gated-qwen reads the released "
+        "gated-attention arms (model_type 'qwen2' or 'qwen3' with the gate keys), stock Qwen3 and 'qwen3_gated'"
+    )
+
+
+def normalize_config_dict(config_dict: dict, source="the config") -> dict:
+    """A released, stock Qwen3 or Qwen3Gated config.json's dict, ready for :class:`Qwen3GatedConfig`.
+
+    Checks what it is (:func:`check_model_type`) and labels it ``"qwen3_gated"``: reading these as
+    Qwen3Gated is the point of the class, so transformers is not left to warn about the label. A
+    dict without ``model_type`` (keyword arguments, say) is taken as it is.
+
+    >>> normalize_config_dict({"model_type": "qwen2", "use_qk_norm": True})["model_type"]
+    'qwen3_gated'
+    """
+    if "model_type" not in config_dict:
+        return config_dict
+    check_model_type(config_dict, source)
+    return {**config_dict, "model_type": Qwen3GatedConfig.model_type}
+
+
+__all__ = ["Qwen3GatedConfig", "check_model_type", "is_gated_attention_config", "normalize_config_dict"]

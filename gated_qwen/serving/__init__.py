@@ -1,0 +1,1 @@
+"""Serving integrations: the vLLM plugin (:mod:`~gated_qwen.serving.vllm_plugin`)."""

@@ -1,0 +1,1 @@
+"""The research tools around the model: generation, analysis, evaluation, training and benchmarks."""

@@ -1,0 +1,411 @@
+"""Turn stock Qwen3 models and checkpoints into Qwen3Gated ones.
+
+Two forms of one conversion: :func:`convert_qwen3_to_gated` patches a loaded model in memory,
+:func:`convert_checkpoint` streams a checkpoint folder (or hub id) into a new folder, tensor by
+tensor, so that memory stays near the largest tensor rather than the model.
+
+Only two tensors per layer change. q_proj grows by the gate rows, placed in the released layout
+(:func:`gated_qwen.models.layout.merge_query_and_gate`), and with the default ``init="identity"`` o_proj's
+weight is doubled:
+
+* the gate rows (weight and bias) are zero, so every gate is ``sigmoid(0) = 0.5`` exactly;
+* the attention output is multiplied by 0.5 and o_proj's weight by 2. Both are powers of two: in
+  binary floating point they change only the exponent, never the mantissa, so each product
+  ``(0.5 * a) * (2 * w)`` equals ``a * w`` bit for bit and the sums that follow are the same sums.
+
+Hence the converted model computes exactly what the source did, in float32 and bfloat16 alike
+(the exception would be a value under the smallest normal number, about 1e-38 in both, or 6e-5
+in float16, where halving can round). o_proj's bias is added after the product and stays as it
+is. ``init="random"`` instead draws the gate rows like the model's own initializer
+(normal, std ``initializer_range``; zero bias) and leaves o_proj untouched: the model then starts
+with non-trivial gates and no longer matches its source.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers import Qwen3ForCausalLM, Qwen3ForSequenceClassification, Qwen3Model
+from transformers.utils import logging
+
+from ..checkpoint.formats import (
+    AUXILIARY_FILES,
+    SAFETENSORS_CODES,
+    SAFETENSORS_DTYPES,
+    CheckpointTensors,
+    TensorInfo,
+    check_q_proj_layout,
+    read_source_checkpoint,
+    write_safetensors_checkpoint,
+)
+from ..models.qwen3_gated.configuration_qwen3_gated import Qwen3GatedConfig, normalize_config_dict
+from ..utils.devices import resolve_dtype
+from ..errors import CheckpointError, GatedQwenError
+from ..models.layout import gate_dim, merge_query_and_gate, split_query_and_gate
+from ..models.qwen3_gated.modeling_qwen3_gated import (
+    Qwen3GatedForCausalLM,
+    Qwen3GatedForSequenceClassification,
+    Qwen3GatedModel,
+    Qwen3GatedPreTrainedModel,
+)
+from ..utils.names import CHECKPOINT_CONVERSION_GATES, CONVERSION_GATES, CONVERSION_INITS
+from ..checkpoint.outputs import OutputFolder
+
+logger = logging.get_logger(__name__)
+
+# the names live in gated_qwen.utils.names (torch-free, for the command line); convert_checkpoint also takes
+# "keep": the source's own gate, re-saved as a clean gated-qwen checkpoint
+GATES, CHECKPOINT_GATES, INITS = CONVERSION_GATES, CHECKPOINT_CONVERSION_GATES, CONVERSION_INITS
+
+# stock class -> its gated counterpart; the Qwen3Gated classes subclass these, so order matters
+# only in that each model matches exactly one entry.
+GATED_CLASSES = {
+    Qwen3ForCausalLM: Qwen3GatedForCausalLM,
+    Qwen3ForSequenceClassification: Qwen3GatedForSequenceClassification,
+    Qwen3Model: Qwen3GatedModel,
+}
+GATED_CLASS_FOR_ARCHITECTURE = {
+    stock.__name__: gated for stock, gated in GATED_CLASSES.items()
+} | {gated.__name__: gated for gated in GATED_CLASSES.values()}
+
+def _check_choice(value: str, choices, what: str) -> None:
+    if value not in choices:
+        raise GatedQwenError(f"unknown {what} {value!r}; choose one of {', '.join(choices)}")
+
+
+def gated_config_from_dict(config_dict: dict, gate: str, source: str = "the model") -> Qwen3GatedConfig:
+    """The Qwen3GatedConfig of the gated variant of a Qwen3 config (a config.json's dict).
+
+    Refuses a config that is not Qwen3 and one that already has a gate.
+
+    >>> config = gated_config_from_dict({"model_type": "qwen3", "num_attention_heads": 4, "num_key_value_heads": 2}, "headwise")
+    >>> config.gate_type, config.model_type
+    ('headwise', 'qwen3_gated')
+    """
+    _check_choice(gate, GATES, "gate")
+    source_config = source_config_from_dict(config_dict, source)
+    if source_config.gate_type != "none":
+        raise CheckpointError(
+            f"{source} is already gated ({source_config.gate_type}); there is nothing to convert. "
+            "Load it with Qwen3GatedForCausalLM.from_pretrained"
+        )
+    return Qwen3GatedConfig.from_dict(
+        {
+            **source_config.to_dict(),
+            "headwise_attn_output_gate": gate == "headwise",
+            "elementwise_attn_output_gate": gate == "elementwise",
+        }
+    )
+
+
+def source_config_from_dict(config_dict: dict, source: str = "the model") -> Qwen3GatedConfig:
+    """Read a Qwen3 or Qwen3Gated config dict as a Qwen3GatedConfig, with one clear error otherwise."""
+    config_dict = normalize_config_dict(config_dict, source)
+    try:
+        return Qwen3GatedConfig.from_dict(config_dict)
+    except Exception as error:  # strict dataclass validation raises several error types
+        reason = " ".join(str(error).split())  # validation messages span lines; the CLI prints one
+        raise CheckpointError(f"the config of {source} is not a valid Qwen3 config: {reason}") from None
+
+
+def grow_q_proj(query: torch.Tensor, config: Qwen3GatedConfig, init: str = "identity") -> torch.Tensor:
+    """A stock q_proj weight ``(H*D, hidden)`` or bias ``(H*D,)`` with the gate rows of ``config`` added.
+
+    The result is a new tensor on ``query``'s device and in its dtype, laid out as released:
+    per kv head, its G heads' queries, then their gate rows. Gate rows are zero for ``init="identity"``;
+    for ``init="random"`` weight rows are drawn from N(0, initializer_range), bias rows stay zero.
+
+    >>> config = Qwen3GatedConfig(hidden_size=16, num_attention_heads=4, num_key_value_heads=2, head_dim=4,
+    ...                           elementwise_attn_output_gate=True)
+    >>> grow_q_proj(torch.ones(4 * 4, 16), config).shape                    # 4 heads x (4 query + 4 gate rows)
+    torch.Size([32, 16])
+    """
+    _check_choice(init, INITS, "init")
+    head_dim = config.head_dim
+    # a view of the stock rows as (K, G, D, *inputs); an empty gate of 0 rows per head
+    grouped_query, _ = split_query_and_gate(query, config.num_key_value_heads, head_dim, 0, dim=0)
+    num_kv, heads_per_group = grouped_query.shape[:2]
+    gate = query.new_zeros(num_kv, heads_per_group, gate_dim(config.gate_type, head_dim), *query.shape[1:])
+    if init == "random" and query.ndim > 1:
+        gate.normal_(mean=0.0, std=config.initializer_range)
+    return merge_query_and_gate(grouped_query, gate, dim=0)  # (H*D + H*g, *inputs)
+
+
+def convert_tensor(name: str, tensor: torch.Tensor, config: Qwen3GatedConfig, init: str = "identity") -> torch.Tensor:
+    """The gated model's tensor of this name: q_proj grown, o_proj's weight doubled (identity), else ``tensor``.
+
+    >>> config = Qwen3GatedConfig(hidden_size=8, num_attention_heads=2, num_key_value_heads=1, head_dim=4,
+    ...                           headwise_attn_output_gate=True)
+    >>> convert_tensor("model.layers.0.self_attn.o_proj.weight", torch.ones(8, 8), config)[0, 0].item()
+    2.0
+    """
+    if name.endswith(("self_attn.q_proj.weight", "self_attn.q_proj.bias")):
+        return grow_q_proj(tensor, config, init)
+    if name.endswith("self_attn.o_proj.weight") and init == "identity":
+        return tensor * 2  # exact: see the module docstring
+    return tensor
+
+
+# ----------------------------------------------------------------------------------------------
+# In memory
+
+
+def convert_qwen3_to_gated(model: nn.Module, gate: str = "headwise", init: str = "identity") -> Qwen3GatedPreTrainedModel:
+    """The gated variant of a loaded stock Qwen3 model, sharing all its tensors but q_proj and o_proj.
+
+    ``model`` is a transformers ``Qwen3ForCausalLM``, ``Qwen3ForSequenceClassification`` or
+    ``Qwen3Model`` (or a Qwen3Gated one without a gate), in any dtype, on any devices (also with a
+    ``device_map``). Returns the matching Qwen3Gated class with a :class:`Qwen3GatedConfig`.
+
+    The input is not consumed, nor modified: it still computes what it did. But no weight is
+    copied, so the two models share every tensor except the grown q_proj and the rescaled o_proj
+    (new tensors, on the device and in the dtype of the ones they replace). Training the gated model
+    therefore changes the input's shared weights too; ``del model`` afterwards frees its old
+    q_proj and o_proj. With ``init="identity"`` the logits are bit-identical to the input's (see the
+    module docstring for why); ``init="random"`` draws the gate rows with torch's global generator,
+    so ``torch.manual_seed`` makes it repeatable.
+
+    >>> from transformers import Qwen3Config, Qwen3ForCausalLM
+    >>> stock = Qwen3ForCausalLM(Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+    ...                                      num_attention_heads=4, num_key_value_heads=2, head_dim=8))
+    >>> gated = convert_qwen3_to_gated(stock, gate="headwise")
+    >>> type(gated).__name__, gated.model.layers[0].self_attn.q_proj.weight.shape
+    ('Qwen3GatedForCausalLM', torch.Size([36, 32]))
+    >>> ids = torch.tensor([[1, 2, 3]])
+    >>> torch.equal(gated(ids).logits, stock(ids).logits)
+    True
+    """
+    _check_choice(gate, GATES, "gate")
+    _check_choice(init, INITS, "init")
+    gated_class = next((gated for stock, gated in GATED_CLASSES.items() if isinstance(model, stock)), None)
+    if gated_class is None:
+        raise GatedQwenError(
+            f"cannot convert a {type(model).__name__}; give a Qwen3ForCausalLM, Qwen3ForSequenceClassification or Qwen3Model"
+        )
+    source = type(model).__name__
+    config = gated_config_from_dict(model.config.to_dict(), gate, source)
+    config.architectures = [gated_class.__name__]
+    config._attn_implementation = model.config._attn_implementation
+    tensors = dict(model.named_parameters(remove_duplicate=False)) | dict(model.named_buffers(remove_duplicate=False))
+    offloaded = [name for name, tensor in tensors.items() if tensor.device.type == "meta"]
+    if offloaded:
+        raise GatedQwenError(
+            f"{source} has offloaded weights ({offloaded[0]} is on the meta device); load it without "
+            "cpu/disk offload, or convert its checkpoint on disk with `gated-qwen convert`"
+        )
+
+    # Build the gated skeleton without allocating anything, then hand it the source's tensors.
+    with torch.device("meta"):
+        gated = gated_class(config)
+    expected = dict(gated.named_parameters(remove_duplicate=False)) | dict(gated.named_buffers(remove_duplicate=False))
+    if expected.keys() != tensors.keys():
+        extra, missing = sorted(tensors.keys() - expected.keys()), sorted(expected.keys() - tensors.keys())
+        raise GatedQwenError(
+            f"{source} does not have the tensors of a stock Qwen3: "
+            + "; ".join(f"{what} {', '.join(names[:3])}" for what, names in (("extra", extra), ("missing", missing)) if names)
+            + " (merge or remove adapters first)"
+        )
+    for name, tensor in tensors.items():
+        with torch.no_grad():
+            converted = convert_tensor(name, tensor, config, init)
+        # An unchanged tensor is handed over as the same object, which keeps ties (lm_head and
+        # embed_tokens) and requires_grad; a new one becomes a Parameter like the one it replaces.
+        if converted is not tensor and isinstance(tensor, nn.Parameter):
+            converted = nn.Parameter(converted, requires_grad=tensor.requires_grad)
+        module_name, _, attribute = name.rpartition(".")
+        setattr(gated.get_submodule(module_name), attribute, converted)
+
+    gated.train(model.training)
+    if getattr(model, "generation_config", None) is not None and hasattr(gated, "generation_config"):
+        gated.generation_config = copy.deepcopy(model.generation_config)
+    # transformers keeps hf_device_map (and accelerate's hooks that move activations between
+    # devices) only for a model spread over several devices; the new modules need hooks of their own.
+    device_map = getattr(model, "hf_device_map", None)
+    if device_map and len(set(device_map.values())) > 1:
+        from accelerate import dispatch_model
+
+        gated = dispatch_model(gated, device_map=device_map, skip_keys=gated._skip_keys_device_placement)
+    return gated
+
+
+# ----------------------------------------------------------------------------------------------
+# On disk
+
+
+@dataclass
+class ConversionResult:
+    """What :func:`convert_checkpoint` wrote."""
+
+    path: Path
+    files: list[str]
+    total_size: int  # bytes of tensor data written
+    max_difference: float | None = None  # largest |logit difference| from --verify, else None
+    gate: str = "headwise"
+    init: str = "identity"
+
+
+def convert_checkpoint(
+    src: str | os.PathLike,
+    dst: str | os.PathLike,
+    gate: str = "headwise",
+    init: str = "identity",
+    dtype: str = "auto",
+    max_shard_size: int | str = "5GB",
+    overwrite: bool = False,
+    revision: str | None = None,
+    subfolder: str = "",
+    verify: bool = False,
+    progress: bool = True,
+) -> ConversionResult:
+    """Write the gated variant of the Qwen3 checkpoint ``src`` into the folder ``dst``.
+
+    ``src`` is a local folder or a hub id (only the files needed are downloaded: config, weights,
+    tokenizer, generation config). Its weights may be safetensors or, as in the released arms,
+    ``pytorch_model.bin`` (read with ``torch.load(weights_only=True)``, never a plain unpickle).
+    Tensors are read one at a time and written straight into sharded safetensors (at most
+    ``max_shard_size`` each, with an index), so peak memory is about the largest tensor, not the
+    model. ``dtype`` casts floating tensors ("auto" keeps them as stored). The tokenizer files,
+    generation_config.json and chat template are copied; config.json becomes a
+    :class:`Qwen3GatedConfig`. ``verify`` loads both on CPU and compares their logits on a short
+    probe (0.0 for identity init without a dtype change).
+
+    ``gate="keep"`` keeps the source's own gate (none, headwise or elementwise) and changes no
+    tensor: a released arm becomes a clean gated-qwen checkpoint (safetensors, ``model_type
+    "qwen3_gated"`` plus the released keys) whose logits equal the source's bit for bit.
+
+    ``src`` is only read. ``dst`` is written through :class:`gated_qwen.checkpoint.outputs.OutputFolder`: into a
+    staging folder, put in place only when whole, so a failure leaves ``dst`` as it was; a link is
+    followed, an existing non-empty ``dst`` is refused unless ``overwrite``.
+
+    >>> result = convert_checkpoint("Qwen/Qwen3-0.6B", "qwen3-0.6b-headwise", gate="headwise")  # doctest: +SKIP
+    >>> result.files  # doctest: +SKIP
+    ['model.safetensors']
+    >>> convert_checkpoint("QwQZh/gated_attention", "headwise-arm", gate="keep", subfolder="1B_gate_headwise")  # doctest: +SKIP
+    """
+    _check_choice(gate, CHECKPOINT_GATES, "gate")
+    _check_choice(init, INITS, "init")
+    target_dtype = resolve_dtype(dtype)
+    target_dtype = None if target_dtype == "auto" else target_dtype  # None: keep each tensor's dtype
+    output = OutputFolder(dst, overwrite=overwrite)  # refuses a bad DST now, before any reading
+    dst = output.destination
+
+    header = read_source_checkpoint(src, subfolder, revision, dst, "converted checkpoint")
+    folder, source = Path(header.source), header.source
+    source_config = source_config_from_dict(header.config, source)
+    check_q_proj_layout(source_config, header.tensors, source)
+    config = source_config if gate == "keep" else gated_config_from_dict(header.config, gate, source)
+    gated_class = GATED_CLASS_FOR_ARCHITECTURE.get((header.config.get("architectures") or ["Qwen3ForCausalLM"])[0])
+    if gated_class is None:
+        raise CheckpointError(
+            f"{source} is a {header.config['architectures'][0]}; only Qwen3ForCausalLM, "
+            "Qwen3ForSequenceClassification and Qwen3Model checkpoints can be converted"
+        )
+    config.architectures = [gated_class.__name__]
+    if target_dtype is not None:
+        config.dtype = target_dtype
+
+    def transform(name: str, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor if gate == "keep" else convert_tensor(name, tensor, config, init)
+
+    tensors = CheckpointTensors(header.files)
+    plan, unchanged = _plan_tensors(header.tensors, config, gated_class, transform, target_dtype, source)
+
+    def produce(name: str):
+        stored = tensors.stored(name) if name in unchanged else None
+        if stored is not None:
+            return stored  # copied byte for byte, unread
+        tensor = tensors.get(name)
+        if target_dtype is not None:
+            tensor = tensor.to(target_dtype)  # before the conversion, so the scaling happens in the stored dtype
+        return transform(name, tensor)
+
+    with output as staging:  # written whole into a staging folder, put in place at the end (gated_qwen.checkpoint.outputs)
+        files = write_safetensors_checkpoint(staging, plan, produce, max_shard_size, progress, description="converting")
+        config.save_pretrained(staging)
+        for name in AUXILIARY_FILES:
+            _copy(folder / name, staging / name)
+
+        max_difference = _max_logit_difference(gated_class, folder, staging) if verify else None
+    return ConversionResult(
+        path=dst,
+        files=files,
+        total_size=sum(info.nbytes for info in plan.values()),
+        max_difference=max_difference,
+        gate=config.gate_type if gate == "keep" else gate,
+        init=init,
+    )
+
+
+def _plan_tensors(
+    tensors: dict[str, TensorInfo], config: Qwen3GatedConfig, gated_class, transform, target_dtype, source: str
+) -> tuple[dict[str, TensorInfo], set[str]]:
+    """Name, shape and dtype of every tensor to write, checked against the model the config describes,
+    and the names of those that ``transform`` leaves exactly as stored."""
+    with torch.device("meta"):
+        skeleton = gated_class(config)
+    expected = {name: tuple(t.shape) for name, t in skeleton.state_dict().items()}
+    # A tied lm_head is not saved by transformers, and is ignored on loading if a checkpoint has it.
+    tied = set(skeleton.all_tied_weights_keys)
+    names = [name for name in tensors if name not in tied]
+    if len(names) < len(tensors):
+        logger.info(f"{source}: not writing {', '.join(sorted(tied & tensors.keys()))}, tied to the embedding")
+    missing = sorted(expected.keys() - set(names) - tied)
+    extra = sorted(set(names) - expected.keys())
+    if missing or extra:
+        problems = "; ".join(
+            f"{what}: {', '.join(found[:3])}" + (f" and {len(found) - 3} more" if len(found) > 3 else "")
+            for what, found in (("missing", missing), ("unexpected", extra))
+            if found
+        )
+        raise CheckpointError(
+            f"{source} does not hold the weights its config describes ({problems}); "
+            "check num_hidden_layers, tie_word_embeddings and attention_bias against the weights"
+        )
+    plan, unchanged = {}, set()
+    for name in names:
+        info = tensors[name]
+        if info.dtype not in SAFETENSORS_DTYPES or not SAFETENSORS_DTYPES[info.dtype].is_floating_point:
+            raise CheckpointError(f"{source}: {name} is stored as {info.dtype}; only floating-point Qwen3 weights can be converted")
+        probe = torch.empty(info.shape, device="meta")
+        try:
+            # the conversion run on a meta tensor: the output shape, without touching any data
+            converted = transform(name, probe)
+        except ValueError:
+            converted = None
+        if converted is None or tuple(converted.shape) != expected[name]:
+            raise CheckpointError(
+                f"{source}: {name} has shape {tuple(info.shape)}, which does not fit its config "
+                f"(the gated model expects {expected[name]} after conversion)"
+            )
+        plan[name] = TensorInfo(expected[name], SAFETENSORS_CODES[target_dtype] if target_dtype is not None else info.dtype)
+        if converted is probe and plan[name].dtype == info.dtype:
+            unchanged.add(name)
+    return plan, unchanged
+
+
+def _copy(source: Path, target: Path) -> None:
+    if source.is_dir():
+        shutil.copytree(source, target)
+    elif source.is_file():
+        shutil.copyfile(source, target)
+
+
+def _max_logit_difference(gated_class, source: Path, converted: Path) -> float:
+    """Largest absolute difference of the two checkpoints' outputs on a short probe, both on CPU."""
+    # The source reads as a Qwen3Gated model without a gate: the same computation as stock Qwen3,
+    # and it also reads the released baseline (qkv_bias, no QK-norm), which stock Qwen3 cannot.
+    models = [gated_class.from_pretrained(folder, dtype="auto", device_map="cpu") for folder in (source, converted)]
+    generator = torch.Generator().manual_seed(0)
+    probe = torch.randint(models[0].config.vocab_size, (1, 16), generator=generator)
+    with torch.no_grad():
+        source_out, converted_out = (model(probe)[0].float() for model in models)
+    return (source_out - converted_out).abs().max().item()
+
+
+__all__ = ["ConversionResult", "convert_checkpoint", "convert_qwen3_to_gated", "grow_q_proj", "convert_tensor"]

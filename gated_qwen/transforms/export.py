@@ -1,0 +1,450 @@
+"""Export a gated checkpoint to transformers' stock Qwen3.5 architecture (``Qwen3_5ForCausalLM``).
+
+transformers 5 ships a dense model with the same output gate: Qwen3.5's full-attention layer
+computes ``o_proj(attention * sigmoid(gate))`` with an elementwise gate that q_proj yields beside the
+queries. Configured with every layer ``full_attention``, a dense MLP and full (not partial) RoPE, it
+computes what a Qwen3Gated model computes, up to float rounding, and every tool that reads Qwen3.5
+(transformers without this package, and serving engines that implement Qwen3.5) can read the export.
+What changes on the way, tensor by tensor (:func:`export_tensor`):
+
+* q_proj: the released rows are split per kv group (:func:`gated_qwen.models.layout.split_query_and_gate`)
+  and laid out per head as ``[query_h (D rows) | gate_h (D rows)]``, Qwen3.5's layout. A headwise
+  gate becomes elementwise by repeating its one row D times: exact, since every channel of the head
+  then gets the same logit, but q_proj grows from ``H*(D+1)`` to ``2*H*D`` rows (+6.8% parameters
+  on the released 1.7B headwise arm).
+* Norm weights (input, post-attention, q_norm, k_norm, final): Qwen3.5's RMSNorm multiplies by
+  ``1 + w``, so each weight is stored as ``w - 1``. That is exact when ``0.5 <= w < 2**p`` (p the
+  mantissa bits: 8 in bfloat16, 24 in float32); :class:`NormRounding` counts the weights that round.
+* RoPE: Qwen3.5 applies multimodal RoPE, three position streams (time, height, width) that for text
+  are all equal, so it is plain RoPE with full rotary dims (``partial_rotary_factor`` 1.0) as long as
+  every frequency follows one of them. :func:`mrope_section` splits the ``D/2`` frequencies evenly
+  (``[22, 21, 21]`` for D=128), which llama.cpp needs too, and ``mrope_interleaved`` says how they are
+  laid out; rope theta and rope scaling are carried over.
+
+Everything else (embeddings, k/v/o projections, MLP, lm_head) is copied unchanged. What Qwen3.5
+cannot compute is refused with the reason: a model without QK-norm (Qwen3.5 always normalizes
+queries and keys), attention biases (the engines' Qwen3.5 has no o_proj bias), sliding-window layers,
+and gate "none" (a stock Qwen3, which serves as it is).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers.utils import logging
+
+from ..checkpoint.formats import (
+    AUXILIARY_FILES,
+    CONFIG_NAME,
+    SAFETENSORS_CODES,
+    SAFETENSORS_DTYPES,
+    CheckpointTensors,
+    TensorInfo,
+    check_q_proj_layout,
+    read_config_json,
+    read_source_checkpoint,
+    write_safetensors_checkpoint,
+)
+from ..models.qwen3_gated.configuration_qwen3_gated import Qwen3GatedConfig
+from .conversion import _copy, source_config_from_dict
+from ..utils.devices import resolve_dtype
+from ..errors import CheckpointError, GatedQwenError
+from ..models.layout import gate_dim, split_query_and_gate
+from ..checkpoint.outputs import OutputFolder
+
+logger = logging.get_logger(__name__)
+
+TARGETS = ("qwen3_5",)
+NORM_SUFFIXES = ("input_layernorm.weight", "post_attention_layernorm.weight", "q_norm.weight", "k_norm.weight")
+FINAL_NORM = "model.norm.weight"
+
+
+# ----------------------------------------------------------------------------------------------
+# The mapping, config and tensors (pure: no files)
+
+
+def mrope_section(rotary_dim: int) -> list[int]:
+    """Qwen3.5's ``mrope_section`` for plain text RoPE: the ``rotary_dim / 2`` frequencies split evenly in three.
+
+    transformers computes the same RoPE with any split (its three position streams are equal for text).
+    llama.cpp does not: its interleaved M-RoPE gives frequency i the stream ``s % 3`` of its sector
+    ``s = i % sum(sections)`` only while ``s < 3 * sections[s % 3]``, and otherwise a fourth stream whose
+    text position is 0, so that frequency is not rotated at all (unbalanced sections such as
+    ``[24, 20, 20]`` for D=128 leave two frequencies so). Balanced sections that add up to every
+    frequency rotate each one with the text position.
+
+    >>> mrope_section(128), mrope_section(64), mrope_section(8)
+    ([22, 21, 21], [11, 11, 10], [2, 1, 1])
+    """
+    frequencies = rotary_dim // 2
+    return [frequencies // 3 + (1 if i < frequencies % 3 else 0) for i in range(3)]
+
+
+def check_exportable(config: Qwen3GatedConfig, source: str = "the model") -> None:
+    """Refuse, with the reason, a model that Qwen3.5 cannot compute exactly.
+
+    >>> check_exportable(Qwen3GatedConfig(num_attention_heads=4, num_key_value_heads=2))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    gated_qwen.errors.CheckpointError: the model has no gate (gate type 'none'): it is a stock Qwen3, ...
+    """
+    if config.gate_type == "none":
+        raise CheckpointError(
+            f"{source} has no gate (gate type 'none'): it is a stock Qwen3, which every engine serves as it is "
+            "(as model_type 'qwen3', Qwen3ForCausalLM); there is nothing to export"
+        )
+    if not config.use_qk_norm:
+        raise CheckpointError(
+            f"{source} has no QK-norm (use_qk_norm false), and Qwen3.5 always normalizes queries and keys, so no "
+            "Qwen3.5 checkpoint computes this model; load it with gated_qwen's Qwen3GatedForCausalLM instead"
+        )
+    if config.qkv_bias:
+        raise CheckpointError(
+            f"{source} has attention biases (qkv_bias true: on q/k/v_proj and o_proj); the serving engines' Qwen3.5 "
+            "(vLLM, llama.cpp) has no o_proj bias, so an export would not compute this model there; load it with "
+            "gated_qwen's Qwen3GatedForCausalLM instead"
+        )
+    if any(kind != "full_attention" for kind in config.layer_types):
+        raise CheckpointError(
+            f"{source} has sliding-window layers (use_sliding_window), which Qwen3.5 does not have; "
+            "load it with gated_qwen's Qwen3GatedForCausalLM instead"
+        )
+    rope = config.rope_parameters or {}
+    if "rope_type" not in rope or "rope_theta" not in rope:
+        raise CheckpointError(
+            f"{source} has per-layer-type RoPE parameters ({sorted(rope)}), which Qwen3.5's one rotary embedding "
+            "cannot express"
+        )
+
+
+def qwen3_5_config(config_dict: dict, source: str = "the model", dtype: torch.dtype | None = None) -> dict:
+    """The Qwen3.5 ``config.json`` dict that computes what the gated ``config_dict`` computes.
+
+    ``config_dict`` is a gated checkpoint's config.json (a released arm, or one saved by gated-qwen).
+    The result has ``model_type "qwen3_5_text"``, every layer ``full_attention`` (also as
+    ``full_attention_interval: 1``, the key some engines read instead), ``partial_rotary_factor`` 1.0,
+    a balanced ``mrope_section`` and the source's rope theta and scaling. ``dtype`` overrides the
+    recorded dtype. Refuses what Qwen3.5 cannot compute (:func:`check_exportable`).
+
+    >>> cfg = qwen3_5_config({"model_type": "qwen3", "num_attention_heads": 16, "num_key_value_heads": 8,
+    ...                       "head_dim": 128, "num_hidden_layers": 2, "headwise_attn_output_gate": True})
+    >>> cfg["model_type"], cfg["layer_types"], cfg["rope_parameters"]["mrope_section"]
+    ('qwen3_5_text', ['full_attention', 'full_attention'], [22, 21, 21])
+    """
+    from transformers import Qwen3_5TextConfig
+
+    config = source_config_from_dict(config_dict, source)
+    check_exportable(config, source)
+    head_dim = config.head_dim
+    rope_parameters = {
+        **config.rope_parameters,
+        "partial_rotary_factor": 1.0,
+        "mrope_section": mrope_section(head_dim),
+        "mrope_interleaved": True,
+    }
+    recorded_dtype = dtype if dtype is not None else config.dtype
+    exported = Qwen3_5TextConfig(
+        vocab_size=config.vocab_size,
+        hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size,
+        num_hidden_layers=config.num_hidden_layers,
+        num_attention_heads=config.num_attention_heads,
+        num_key_value_heads=config.num_key_value_heads,
+        head_dim=head_dim,
+        hidden_act=config.hidden_act,
+        max_position_embeddings=config.max_position_embeddings,
+        initializer_range=config.initializer_range,
+        rms_norm_eps=config.rms_norm_eps,
+        use_cache=config.use_cache,
+        tie_word_embeddings=config.tie_word_embeddings,
+        rope_parameters=rope_parameters,
+        attention_bias=False,
+        attention_dropout=config.attention_dropout,
+        layer_types=["full_attention"] * config.num_hidden_layers,
+        full_attention_interval=1,  # what some engines read instead of layer_types
+        pad_token_id=config.pad_token_id,
+        bos_token_id=config.bos_token_id,
+        eos_token_id=config.eos_token_id,
+        architectures=["Qwen3_5ForCausalLM"],
+        dtype=recorded_dtype,
+    )
+    # The linear_* keys this writes describe linear-attention layers the export does not have;
+    # llama.cpp's converter reads them all the same.
+    return exported.to_diff_dict()
+
+
+def is_norm_weight(name: str) -> bool:
+    """Whether ``name`` is an RMSNorm weight, which Qwen3.5 stores as ``w - 1``.
+
+    >>> is_norm_weight("model.layers.3.self_attn.q_norm.weight"), is_norm_weight("model.norm.weight")
+    (True, True)
+    """
+    return name == FINAL_NORM or name.endswith(NORM_SUFFIXES)
+
+
+def export_tensor(name: str, tensor: torch.Tensor, config: Qwen3GatedConfig) -> list[tuple[str, torch.Tensor]]:
+    """The Qwen3.5 tensors, as ``(name, tensor)`` pairs, that stand for one tensor of the gated checkpoint.
+
+    q_proj is laid out per head as ``[query_h | gate_h]`` with a headwise gate row repeated D times;
+    a norm weight ``w`` becomes ``w - 1`` (computed in float32, stored in ``tensor``'s dtype);
+    a tied ``lm_head.weight`` is dropped (Qwen3.5 ties it to the embedding too); everything else is
+    returned as it is (the same object). ``config`` is the source's Qwen3GatedConfig. Works on meta
+    tensors, so a plan of the output's shapes costs nothing.
+
+    >>> config = Qwen3GatedConfig(hidden_size=8, num_attention_heads=2, num_key_value_heads=1, head_dim=4,
+    ...                           headwise_attn_output_gate=True)
+    >>> [(n, tuple(t.shape)) for n, t in export_tensor("model.layers.0.self_attn.q_proj.weight", torch.zeros(10, 8), config)]
+    [('model.layers.0.self_attn.q_proj.weight', (16, 8))]
+    >>> export_tensor("model.norm.weight", torch.tensor([1.0, 0.75, 2.0]), config)[0][1].tolist()
+    [0.0, -0.25, 1.0]
+    """
+    if name.endswith(("self_attn.q_proj.weight", "self_attn.q_proj.bias")):
+        head_dim = config.head_dim
+        query, gate = split_query_and_gate(
+            tensor, config.num_key_value_heads, head_dim, gate_dim(config.gate_type, head_dim), dim=0
+        )  # (K, G, D, *inputs), (K, G, g, *inputs)
+        gate = gate.expand(*query.shape)  # headwise: the one logit for each of the head's D channels
+        return [(name, torch.cat([query, gate], dim=2).flatten(0, 2))]  # per head h = k*G + j: [query_h | gate_h]
+    if is_norm_weight(name):
+        return [(name, (tensor.float() - 1).to(tensor.dtype))]
+    if name == "lm_head.weight" and config.tie_word_embeddings:
+        return []
+    return [(name, tensor)]
+
+
+@dataclass
+class NormRounding:
+    """How many norm weights ``w`` Qwen3.5 does not get back exactly as ``1 + (w - 1)`` in the stored dtype."""
+
+    rounded: int = 0
+    total: int = 0
+    worst_relative_error: float = 0.0
+    worst_name: str | None = None
+
+    def add(self, name: str, weight: torch.Tensor, exported: torch.Tensor) -> None:
+        """Count ``weight``'s elements against their export; ``1 + w`` is what Qwen3.5's forward computes (in float32)."""
+        restored, original = 1.0 + exported.float(), weight.float()
+        error = ((restored - original).abs() / original.abs().clamp_min(torch.finfo(torch.float32).tiny)).flatten()
+        self.total += error.numel()
+        self.rounded += int((restored != original).sum())
+        worst = float(error.max()) if error.numel() else 0.0
+        if worst > self.worst_relative_error:
+            self.worst_relative_error, self.worst_name = worst, name
+
+    def message(self, source: str, dtype) -> str:
+        return (
+            f"warning: {source}: {self.rounded} of {self.total} norm weights round when stored as w - 1 in {dtype} "
+            f"(worst relative error {self.worst_relative_error:.3g}, in {self.worst_name}); weights under 0.5 "
+            "lose low bits, so the export computes a slightly different model"
+        )
+
+
+# ----------------------------------------------------------------------------------------------
+# On disk
+
+
+@dataclass
+class ExportResult:
+    """What :func:`export_checkpoint` wrote."""
+
+    path: Path
+    files: list[str]
+    total_size: int  # bytes of tensor data written
+    source_parameters: int
+    exported_parameters: int
+    norm_rounding: NormRounding
+    max_difference: float | None = None  # largest |logit difference| from verify, else None
+    to: str = "qwen3_5"
+
+    @property
+    def parameter_growth(self) -> float:
+        """Exported parameters over source parameters, minus 1 (0.068 on the released headwise arm)."""
+        return self.exported_parameters / self.source_parameters - 1
+
+
+def export_checkpoint(
+    src: str | os.PathLike,
+    dst: str | os.PathLike,
+    to: str = "qwen3_5",
+    dtype: str = "auto",
+    max_shard_size: int | str = "5GB",
+    overwrite: bool = False,
+    revision: str | None = None,
+    subfolder: str = "",
+    verify: bool = False,
+    progress: bool = True,
+) -> ExportResult:
+    """Write the gated checkpoint ``src`` into ``dst`` as a stock transformers Qwen3.5 (``Qwen3_5ForCausalLM``).
+
+    ``src`` is a gated checkpoint folder or hub id (a released arm, or one saved by gated-qwen); from the
+    hub only config, weights, tokenizer and generation config are downloaded, never code. Tensors
+    are read, mapped (:func:`export_tensor`) and written one at a time into sharded safetensors (at
+    most ``max_shard_size`` each); tensors that need no change are copied byte for byte. ``dtype``
+    casts floating tensors first ("auto" keeps them). Tokenizer files and generation_config.json
+    are copied; config.json is :func:`qwen3_5_config`'s. Norm weights that round when stored as
+    ``w - 1`` are counted in ``result.norm_rounding`` and logged as a warning. ``verify`` loads the
+    source (Qwen3GatedForCausalLM) and the export (transformers' Qwen3_5ForCausalLM) in float32 on CPU
+    and records their largest logit difference on a short probe.
+
+    ``src`` is only read. ``dst`` is written through :class:`gated_qwen.checkpoint.outputs.OutputFolder`: whole or
+    not at all, a link followed, an existing non-empty ``dst`` refused unless ``overwrite``.
+
+    >>> result = export_checkpoint("path/to/1B_gate_headwise", "headwise-qwen3_5", to="qwen3_5")  # doctest: +SKIP
+    >>> f"{result.parameter_growth:+.1%}"  # doctest: +SKIP
+    '+6.8%'
+    """
+    if to not in TARGETS:
+        raise GatedQwenError(f"unknown export target {to!r}; choose one of {', '.join(TARGETS)}")
+    target_dtype = resolve_dtype(dtype)
+    target_dtype = None if target_dtype == "auto" else target_dtype
+    output = OutputFolder(dst, overwrite=overwrite)  # refuses a bad DST now, before any reading
+    dst = output.destination
+
+    # The config first (on the hub: config.json alone), so that a refusal comes before any download.
+    config_dict = read_config_json(src, subfolder, revision)
+    source = str(Path(src) / subfolder) if subfolder else str(src)
+    exported_config = qwen3_5_config(config_dict, source, target_dtype)
+    architecture = (config_dict.get("architectures") or ["Qwen3ForCausalLM"])[0]
+    if not architecture.endswith("ForCausalLM"):
+        raise CheckpointError(f"{source} is a {architecture}; only causal language models (...ForCausalLM) can be exported")
+
+    header = read_source_checkpoint(src, subfolder, revision, dst, "export")
+    folder = Path(header.source)
+    source_tensors = header.tensors
+    config = source_config_from_dict(config_dict, source)
+    check_q_proj_layout(config, source_tensors, source)
+
+    plan, origin, unchanged = _plan_export(source_tensors, config, exported_config, target_dtype, source)
+    tensors = CheckpointTensors(header.files)
+    rounding = NormRounding()
+
+    def produce(name: str):
+        source_name = origin[name]
+        stored = tensors.stored(source_name) if source_name in unchanged else None
+        if stored is not None:
+            return stored  # copied byte for byte, unread
+        tensor = tensors.get(source_name)
+        if target_dtype is not None:
+            tensor = tensor.to(target_dtype)  # before the mapping: norms are checked in the stored dtype
+        (out,) = [t for n, t in export_tensor(source_name, tensor, config) if n == name]
+        if is_norm_weight(source_name):
+            rounding.add(source_name, tensor, out)
+        return out
+
+    with output as staging:  # written whole into a staging folder, put in place at the end (gated_qwen.checkpoint.outputs)
+        files = write_safetensors_checkpoint(staging, plan, produce, max_shard_size, progress, description="exporting")
+        (staging / CONFIG_NAME).write_text(json.dumps(exported_config, indent=2, sort_keys=True) + "\n")
+        for name in AUXILIARY_FILES:
+            _copy(folder / name, staging / name)
+        max_difference = max_logit_difference(folder, staging) if verify else None
+    if rounding.rounded:
+        logger.warning(rounding.message(source, exported_config["dtype"]))
+    return ExportResult(
+        path=dst,
+        files=files,
+        total_size=sum(info.nbytes for info in plan.values()),
+        source_parameters=sum(
+            info.numel for name, info in source_tensors.items() if not (name == "lm_head.weight" and config.tie_word_embeddings)
+        ),
+        exported_parameters=sum(info.numel for info in plan.values()),
+        norm_rounding=rounding,
+        max_difference=max_difference,
+        to=to,
+    )
+
+
+def _plan_export(source_tensors: dict[str, TensorInfo], config, exported_config: dict, target_dtype, source: str):
+    """Name, shape and dtype of every tensor to write, checked against transformers' Qwen3_5ForCausalLM
+    built from the exported config; the source tensor each comes from; the source tensors copied as stored."""
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    with torch.device("meta"):
+        expected_model = Qwen3_5ForCausalLM(Qwen3_5TextConfig.from_dict(exported_config))
+    expected = {name: tuple(t.shape) for name, t in expected_model.state_dict().items()}
+    if exported_config["tie_word_embeddings"]:
+        expected.pop("lm_head.weight", None)  # not saved: tied to the embedding
+    plan, origin, unchanged = {}, {}, set()
+    for name, info in source_tensors.items():
+        dtype = SAFETENSORS_DTYPES.get(info.dtype)
+        if dtype is None or not dtype.is_floating_point:
+            raise CheckpointError(f"{source}: {name} is stored as {info.dtype}; only floating-point weights can be exported")
+        probe = torch.empty(info.shape, dtype=target_dtype or dtype, device="meta")
+        try:
+            outputs = export_tensor(name, probe, config)
+        except ValueError as error:
+            raise CheckpointError(
+                f"{source}: {name} has shape {tuple(info.shape)}, which does not fit its config ({error})"
+            ) from None
+        for out_name, out in outputs:
+            plan[out_name] = TensorInfo(tuple(out.shape), SAFETENSORS_CODES[out.dtype])
+            origin[out_name] = name
+            if out is probe and out.dtype == dtype:
+                unchanged.add(name)
+    missing, extra = sorted(expected.keys() - plan.keys()), sorted(plan.keys() - expected.keys())
+    wrong = sorted(n for n in expected.keys() & plan.keys() if plan[n].shape != expected[n])
+    if missing or extra or wrong:
+        problems = "; ".join(
+            f"{what}: {', '.join(found[:3])}" + (f" and {len(found) - 3} more" if len(found) > 3 else "")
+            for what, found in (("missing", missing), ("unexpected", extra), ("wrong shape", wrong))
+            if found
+        )
+        raise CheckpointError(
+            f"{source} does not hold the weights its config describes ({problems}); "
+            "check num_hidden_layers, tie_word_embeddings and the gate keys against the weights"
+        )
+    return plan, origin, unchanged
+
+
+def max_logit_difference(source: str | os.PathLike, exported: str | os.PathLike) -> float:
+    """Largest |logit difference| between a gated checkpoint and its Qwen3.5 export, both float32 on CPU.
+
+    >>> max_logit_difference("path/to/1B_gate_headwise", "headwise-qwen3_5")  # doctest: +SKIP
+    1.9073486328125e-06
+    """
+    from transformers import Qwen3_5ForCausalLM
+
+    from ..models.qwen3_gated.modeling_qwen3_gated import Qwen3GatedForCausalLM
+
+    models = [
+        model_class.from_pretrained(folder, dtype=torch.float32, device_map="cpu")
+        for model_class, folder in ((Qwen3GatedForCausalLM, source), (Qwen3_5ForCausalLM, exported))
+    ]
+    probe = torch.randint(models[0].config.vocab_size, (1, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        source_logits, exported_logits = (model(probe).logits for model in models)
+    return (source_logits - exported_logits).abs().max().item()
+
+
+def parameter_counts(config_dict: dict) -> tuple[int, int]:
+    """Parameters of a gated model and of its Qwen3.5 export, from its config alone (built on the meta device).
+
+    >>> parameter_counts({"model_type": "qwen3", "vocab_size": 152064, "hidden_size": 2048, "intermediate_size": 6144,
+    ...                   "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
+    ...                   "tie_word_embeddings": True, "headwise_attn_output_gate": True})
+    (1721754624, 1838277632)
+    """
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    from ..models.qwen3_gated.modeling_qwen3_gated import Qwen3GatedForCausalLM
+
+    with torch.device("meta"):
+        gated = Qwen3GatedForCausalLM(source_config_from_dict(config_dict))
+        exported = Qwen3_5ForCausalLM(Qwen3_5TextConfig.from_dict(qwen3_5_config(config_dict)))
+    return gated.num_parameters(), exported.num_parameters()
+
+
+__all__ = [
+    "ExportResult",
+    "NormRounding",
+    "check_exportable",
+    "export_checkpoint",
+    "export_tensor",
+    "max_logit_difference",
+    "mrope_section",
+    "parameter_counts",
+    "qwen3_5_config",
+]

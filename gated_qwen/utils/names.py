@@ -1,0 +1,41 @@
+"""The names the commands accept (devices, dtypes, attention implementations, gate types, conversion inits),
+and the label a command gives each model in its tables.
+
+Plain tuples, without torch or transformers, so that building the command line (``gated-qwen --help``)
+imports nothing heavy. The modules that act on these names (:mod:`gated_qwen.utils.devices`,
+:mod:`gated_qwen.models.layout`, :mod:`gated_qwen.transforms.conversion`) take them from here.
+
+>>> "headwise" in GATE_TYPES and "bfloat16" in DTYPES
+True
+"""
+
+DEVICES = ("auto", "cpu", "cuda", "mps")  # auto: cuda, then mps, then cpu
+DTYPES = ("auto", "float32", "bfloat16", "float16")  # auto: the dtype the checkpoint records
+ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa", "flex_attention", "flash_attention_2")
+GATE_TYPES = ("none", "headwise", "elementwise")
+CONVERSION_GATES = ("headwise", "elementwise")  # the gates the converter adds to a stock Qwen3
+CHECKPOINT_CONVERSION_GATES = (*CONVERSION_GATES, "keep")  # keep: re-save a gated checkpoint's own gate
+CONVERSION_INITS = ("identity", "random")
+
+
+
+def model_label(model: str, subfolder: str, taken: set[str]) -> str:
+    """A short unique column name for a model: its subfolder, else the last part of its path or hub id.
+
+    >>> taken = set()
+    >>> model_label("QwQZh/gated_attention", "1B_baseline", taken), model_label("runs/a/final", "", taken)
+    ('1B_baseline', 'final')
+    >>> model_label("other/final", "", taken)
+    'final-2'
+    """
+    from pathlib import PurePath
+
+    label = PurePath(subfolder).name if subfolder else PurePath(model.rstrip("/")).name or model
+    base, number = label, 2
+    while label in taken:
+        label, number = f"{base}-{number}", number + 1
+    taken.add(label)
+    return label
+
+
+__all__ = ["ATTENTION_IMPLEMENTATIONS", "CHECKPOINT_CONVERSION_GATES", "CONVERSION_GATES", "CONVERSION_INITS", "DEVICES", "DTYPES", "GATE_TYPES", "model_label"]

