@@ -20,6 +20,7 @@ The package by layers (imports run downwards only):
 'headwise'
 """
 
+from functools import partial
 from importlib import import_module
 
 from .models.auto import on_transformers_import, register_with_peft
@@ -56,6 +57,22 @@ LEGACY_MODULES = {
 }
 for _old, _new in LEGACY_MODULES.items():
     alias_module(f"{__name__}.{_old}", f"{__name__}.{_new}")
+
+# Strict loading (gated_qwen.checkpoint.loading) on each model family's base class, installed as its modeling
+# module is imported: one entry per family. Before the transformers hook below, which may import the module.
+STRICT_LOADING = {
+    "gated_qwen.models.qwen3_gated.modeling_qwen3_gated": "Qwen3GatedPreTrainedModel",
+}
+
+
+def _install_strict_loading(class_name: str, module) -> None:
+    from .checkpoint.loading import install_strict_loading  # imports torch: only once a model module has
+
+    install_strict_loading(getattr(module, class_name))
+
+
+for _module_name, _class_name in STRICT_LOADING.items():
+    when_imported(_module_name, partial(_install_strict_loading, _class_name))
 
 when_imported("transformers", on_transformers_import)
 when_imported("peft.utils.constants", register_with_peft)

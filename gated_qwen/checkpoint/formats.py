@@ -27,7 +27,6 @@ from safetensors import safe_open
 
 from ..errors import CheckpointError, GatedQwenError
 from .hub import resolve_source, source_location
-from ..models.layout import gate_type_for_rows, q_proj_rows
 
 CONFIG_NAME = "config.json"
 SAFE_WEIGHTS_NAME = "model.safetensors"
@@ -392,34 +391,6 @@ def resolve_weight_files(path_or_repo_id: str | os.PathLike, **hub_kwargs) -> li
         if single is not None:
             return [single]
     return []
-
-
-def check_q_proj_layout(config, tensors: dict[str, TensorInfo], source: str = "the checkpoint") -> None:
-    """Refuse a checkpoint whose q_proj rows do not match ``config``'s gate type.
-
-    Raises :class:`CheckpointError` naming the layer, the expected and found shapes, and the gate type
-    the found shape implies, so that gate rows are never silently dropped or initialised at random.
-
-    >>> check_q_proj_layout(config, read_checkpoint_header(folder).tensors)  # doctest: +SKIP
-    """
-    head_dim = config.head_dim
-    expected_rows = q_proj_rows(config.gate_type, config.num_attention_heads, head_dim)
-    for layer in range(config.num_hidden_layers):
-        name = f"model.layers.{layer}.self_attn.q_proj.weight"
-        info = tensors.get(name) or tensors.get(name.removeprefix("model."))
-        if info is None:
-            continue
-        expected = (expected_rows, config.hidden_size)
-        if tuple(info.shape) != expected:
-            implied = gate_type_for_rows(info.shape[0], config.num_attention_heads, head_dim)
-            implied_text = (
-                f"that is the shape of a {implied!r} gate" if implied else "no gate type has that many rows"
-            )
-            raise CheckpointError(
-                f"{source}: {name} has shape {tuple(info.shape)} but the config (gate type {config.gate_type!r}, "
-                f"{config.num_attention_heads} heads of dim {head_dim}) expects {expected}; {implied_text}. "
-                "Use the config.json that came with these weights."
-            )
 
 
 def _check_hub_source(src, subfolder: str, revision: str | None, token: str | bool | None = None) -> None:

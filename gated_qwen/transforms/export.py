@@ -44,11 +44,11 @@ from ..checkpoint.formats import (
     SAFETENSORS_DTYPES,
     CheckpointTensors,
     TensorInfo,
-    check_q_proj_layout,
     read_config_json,
     read_source_checkpoint,
     write_safetensors_checkpoint,
 )
+from ..checkpoint.validation import check_q_proj_layout
 from ..models.qwen3_gated.configuration_qwen3_gated import Qwen3GatedConfig
 from .conversion import _copy, source_config_from_dict
 from ..utils.devices import resolve_dtype

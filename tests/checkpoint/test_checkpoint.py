@@ -10,7 +10,6 @@ import torch
 from gated_qwen.checkpoint.formats import (
     CheckpointTensors,
     TensorInfo,
-    check_q_proj_layout,
     load_pickle_weights,
     local_weight_files,
     read_checkpoint_header,
@@ -18,6 +17,7 @@ from gated_qwen.checkpoint.formats import (
     resolve_weight_files,
     write_safetensors_checkpoint,
 )
+from gated_qwen.checkpoint import check_q_proj_layout
 from gated_qwen.errors import CheckpointError
 
 

@@ -4,6 +4,9 @@ Only the attention differs from Qwen3 (arXiv 2505.06708): q_proj carries the gat
 rows in the released layout (:mod:`gated_qwen.models.layout`), and ``sigmoid(gate)`` scales the output of
 scaled dot-product attention before o_proj. Everything else (decoder layer forward, masks, caches,
 generation, heads) is inherited from transformers' Qwen3.
+
+Loading rules (what ``from_pretrained`` refuses) are not here: :mod:`gated_qwen.checkpoint.loading` puts the
+strict loader on :class:`Qwen3GatedPreTrainedModel` when this module is imported.
 """
 
 from __future__ import annotations
@@ -19,7 +22,6 @@ from transformers.models.qwen3.modeling_qwen3 import (
     Qwen3DecoderLayer,
     Qwen3ForCausalLM,
     Qwen3ForSequenceClassification,
-    Qwen3MLP,
     Qwen3Model,
     Qwen3PreTrainedModel,
     Qwen3RMSNorm,
@@ -27,15 +29,11 @@ from transformers.models.qwen3.modeling_qwen3 import (
     apply_rotary_pos_emb,
     eager_attention_forward,
 )
-from transformers.configuration_utils import PreTrainedConfig
 from transformers.generation import GenerationMixin
-from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.utils import logging
 
-from ...checkpoint.formats import HUB_KWARGS, check_q_proj_layout, read_weight_file_header, resolve_weight_files
-from .configuration_qwen3_gated import Qwen3GatedConfig
-from ...errors import CheckpointError
 from ..auto import register_with_transformers
+from .configuration_qwen3_gated import Qwen3GatedConfig
 from ..layout import gate_dim, q_proj_rows, split_query_and_gate
 
 logger = logging.get_logger(__name__)
@@ -121,12 +119,10 @@ class Qwen3GatedAttention(Qwen3Attention):
 
 class Qwen3GatedDecoderLayer(Qwen3DecoderLayer):
     def __init__(self, config: Qwen3GatedConfig, layer_idx: int):
-        GradientCheckpointingLayer.__init__(self)
-        self.hidden_size = config.hidden_size
+        # Qwen3's layer with the gated attention in place of its own (the one it builds is dropped at once;
+        # post_init initialises the modules that remain).
+        super().__init__(config, layer_idx)
         self.self_attn = Qwen3GatedAttention(config=config, layer_idx=layer_idx)
-        self.mlp = Qwen3MLP(config)
-        self.input_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.post_attention_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
 
 class Qwen3GatedPreTrainedModel(Qwen3PreTrainedModel):
@@ -137,107 +133,6 @@ class Qwen3GatedPreTrainedModel(Qwen3PreTrainedModel):
         "hidden_states": Qwen3GatedDecoderLayer,
         "attentions": Qwen3GatedAttention,
     }
-    # Head weights a checkpoint of this same class must hold (see from_pretrained).
-    _required_head_keys: tuple[str, ...] = ()
-
-    @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, strict: bool = True, **kwargs):
-        """transformers' ``from_pretrained``, strict where a mismatch means the config does not describe the weights.
-
-        Reads the released arms as they are (``model_type "qwen2"``, one ``pytorch_model.bin``, which
-        transformers reads with ``torch.load(weights_only=True)``), stock Qwen3 checkpoints (gate
-        ``"none"``) and checkpoints saved here. Python files beside the weights are never imported.
-
-        Errors (:class:`~gated_qwen.errors.CheckpointError`), unless ``strict=False``:
-
-        * a q_proj whose rows do not fit the config's gate type (checked before any weight is read, from
-          the safetensors headers or a ``.bin``'s pickle without its data);
-        * a checkpoint that holds part of the decoder but not all of it (layers, norms, biases missing),
-          or decoder weights the config has no place for (QK-norm, biases, extra layers);
-        * a causal-LM checkpoint (decoder under ``model.`` and no other head) without ``lm_head`` while
-          the config says the embeddings are untied.
-
-        As in transformers (the weight is initialised or dropped, and named in the load report and in
-        ``output_loading_info``): task heads the checkpoint or the model lacks (``lm_head`` when loading a
-        bare-model checkpoint into the causal LM, a new classifier's ``score``, ``lm_head`` when loading into
-        a classifier), an explicit ``state_dict``, a checkpoint that holds none of the model's weights, and
-        sizes that differ under ``ignore_mismatched_sizes=True`` (q_proj's gate rows excepted: still an
-        error). ``strict=False`` is transformers' behaviour in every case. ``trust_remote_code=True`` is
-        refused.
-
-        >>> model = Qwen3GatedForCausalLM.from_pretrained("path/to/1B_gate_headwise")  # doctest: +SKIP
-        >>> model = Qwen3GatedForCausalLM.from_pretrained("path/to/bare_model", strict=False)  # doctest: +SKIP
-        """
-        output_loading_info = kwargs.pop("output_loading_info", False)
-        if kwargs.get("trust_remote_code"):
-            raise CheckpointError(
-                "trust_remote_code is not needed for Qwen3Gated and is refused: this class never runs code from a checkpoint"
-            )
-        config = kwargs.get("config")
-        checkable = strict and pretrained_model_name_or_path is not None and not (
-            kwargs.get("state_dict") is not None or kwargs.get("gguf_file") or kwargs.get("from_tf")
-        )
-        if checkable:
-            if not isinstance(config, PreTrainedConfig):
-                overrides = {k: v for k, v in kwargs.items() if k in cls.config_class.__dataclass_fields__}
-                config = cls.config_class.from_pretrained(
-                    config or pretrained_model_name_or_path,
-                    **{k: v for k, v in kwargs.items() if k in HUB_KWARGS},
-                    **overrides,
-                )
-            tensors = {}
-            for file in resolve_weight_files(pretrained_model_name_or_path, **kwargs):
-                tensors.update(read_weight_file_header(file))
-            check_q_proj_layout(config, tensors, str(pretrained_model_name_or_path))
-
-        model, loading_info = super().from_pretrained(
-            pretrained_model_name_or_path, *model_args, output_loading_info=True, **kwargs
-        )
-        if checkable:
-            check_loaded_weights(model, loading_info, set(tensors) or None, str(pretrained_model_name_or_path))
-        return (model, loading_info) if output_loading_info else model
-
-
-def check_loaded_weights(model, loading_info: dict, checkpoint_keys: set[str] | None, source: str) -> None:
-    """Refuse a load whose missing or unexpected weights show that the config does not describe the checkpoint.
-
-    ``loading_info`` is ``from_pretrained``'s (``output_loading_info=True``); ``checkpoint_keys`` the weight
-    names in the checkpoint (None when unknown). The rule is :meth:`Qwen3GatedPreTrainedModel.from_pretrained`'s.
-
-    >>> model, info = Qwen3GatedForCausalLM.from_pretrained(folder, strict=False, output_loading_info=True)  # doctest: +SKIP
-    >>> check_loaded_weights(model, info, set(read_weight_file_header(folder / "model.safetensors")), str(folder))  # doctest: +SKIP
-    """
-    base = model.base_model
-    prefix = "" if base is model else f"{model.base_model_prefix}."
-    decoder_modules = {name for name, _ in base.named_children()}
-
-    def in_decoder(key: str) -> bool:  # a key of the bare decoder, with or without the head's prefix
-        return key.removeprefix(f"{model.base_model_prefix}.").split(".", 1)[0] in decoder_modules
-
-    missing, unexpected = set(loading_info.get("missing_keys") or ()), set(loading_info.get("unexpected_keys") or ())
-    decoder_keys = {key for key in model.state_dict() if key.startswith(prefix) and in_decoder(key)}
-    missing_decoder = sorted(missing & decoder_keys)
-    problems = []
-    # All of the decoder missing: the checkpoint is not of this model at all, which transformers reports.
-    if missing_decoder and len(missing_decoder) < len(decoder_keys):
-        problems.append(("lacks weights the model needs", missing_decoder))
-    unexpected_decoder = sorted(key for key in unexpected if in_decoder(key))
-    if unexpected_decoder:
-        problems.append(("has weights the model has no place for", unexpected_decoder))
-    # A checkpoint of this same head (its decoder under the prefix, no other head) must carry the head too;
-    # a bare-model checkpoint gets a fresh head, as in transformers.
-    head_checkpoint = bool(prefix) and checkpoint_keys is not None and any(k.startswith(prefix) for k in checkpoint_keys)
-    other_heads = [key for key in unexpected if not in_decoder(key)]
-    missing_heads = sorted(missing & set(model._required_head_keys))
-    if head_checkpoint and not other_heads and missing_heads:
-        problems.append(("lacks weights the model needs", missing_heads))
-    for what, keys in problems:
-        shown = ", ".join(keys[:4]) + (f" and {len(keys) - 4} more" if len(keys) > 4 else "")
-        raise CheckpointError(
-            f"{source} {what}: {shown}. The config does not describe these weights (check use_qk_norm, qkv_bias, "
-            "tie_word_embeddings, num_hidden_layers against the checkpoint), or pass strict=False to load it as "
-            "transformers would."
-        )
 
 
 class Qwen3GatedModel(Qwen3GatedPreTrainedModel, Qwen3Model):
@@ -252,6 +147,8 @@ class Qwen3GatedModel(Qwen3GatedPreTrainedModel, Qwen3Model):
     """
 
     def __init__(self, config: Qwen3GatedConfig):
+        # Qwen3Model.__init__ with Qwen3GatedDecoderLayer. Its body names its layer class, and building through
+        # it and then replacing the layers would build (and, outside from_pretrained, allocate) every layer twice.
         Qwen3GatedPreTrainedModel.__init__(self, config)
         self.padding_idx = config.pad_token_id
         self.vocab_size = config.vocab_size
@@ -273,9 +170,8 @@ class Qwen3GatedForCausalLM(Qwen3GatedPreTrainedModel, Qwen3ForCausalLM, Generat
     >>> model = Qwen3GatedForCausalLM.from_pretrained("QwQZh/gated_attention", subfolder="1B_gate_headwise")  # doctest: +SKIP
     """
 
-    _required_head_keys = ("lm_head.weight",)  # absent only when tied; then transformers does not report it
-
     def __init__(self, config: Qwen3GatedConfig):
+        # Qwen3ForCausalLM.__init__ with Qwen3GatedModel, for the same reason (its body names Qwen3Model).
         Qwen3GatedPreTrainedModel.__init__(self, config)
         self.model = Qwen3GatedModel(config)
         self.vocab_size = config.vocab_size
@@ -298,7 +194,6 @@ __all__ = [
     "Qwen3GatedForSequenceClassification",
     "Qwen3GatedModel",
     "Qwen3GatedPreTrainedModel",
-    "check_loaded_weights",
 ]
 
 register_with_transformers()  # importing the model makes it known to AutoConfig / AutoModel*

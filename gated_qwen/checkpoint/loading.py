@@ -1,0 +1,120 @@
+"""Strict loading: transformers' ``from_pretrained``, refusing a checkpoint its config does not describe.
+
+The model classes only compute (:mod:`gated_qwen.models`); what loading refuses lives here, in the I/O
+layer. transformers (5.x) offers no hook that sees both the config and the checkpoint's files before the
+model is built, so the strict loader wraps the inherited ``from_pretrained``: :func:`install_strict_loading`
+sets it on a model family's base class, whose subclasses (bare model, causal LM, classifier) inherit it.
+``import gated_qwen`` installs it the moment a family's modeling module has been imported (a post-import
+hook), so the class is strict however it is reached: ``gated_qwen.Qwen3GatedForCausalLM``, the modeling
+module itself, or transformers' Auto classes.
+
+A model family gets the same strict loader by one line in ``gated_qwen/__init__.py``, an entry of
+``STRICT_LOADING`` (its modeling module -> its ``PreTrainedModel`` base class)::
+
+    STRICT_LOADING = {
+        "gated_qwen.models.qwen3_gated.modeling_qwen3_gated": "Qwen3GatedPreTrainedModel",
+        "gated_qwen.models.qwen3_moe_gated.modeling_qwen3_moe_gated": "Qwen3MoeGatedPreTrainedModel",
+    }
+"""
+
+from __future__ import annotations
+
+import functools
+
+from ..errors import CheckpointError
+from . import HUB_KWARGS, read_weight_file_header, resolve_weight_files  # the package: these may move between its modules
+from .validation import check_loaded_weights, check_q_proj_layout
+
+# The attribute that marks a from_pretrained installed here (installing twice changes nothing).
+_STRICT_MARK = "_gated_qwen_strict_loading"
+
+
+def strict_from_pretrained(
+    cls, inherited, family: str, pretrained_model_name_or_path, *model_args, strict: bool = True, **kwargs
+):
+    """transformers' ``from_pretrained``, strict where a mismatch means the config does not describe the weights.
+
+    ``inherited`` is the ``from_pretrained`` the strict one wraps (transformers', bound to ``cls``),
+    ``family`` the model family's name for messages (``"Qwen3Gated"``). Reads
+    the released arms as they are (``model_type "qwen2"``, one ``pytorch_model.bin``, which transformers
+    reads with ``torch.load(weights_only=True)``), stock Qwen3 checkpoints (gate ``"none"``) and checkpoints
+    saved here. Python files beside the weights are never imported.
+
+    Errors (:class:`~gated_qwen.errors.CheckpointError`), unless ``strict=False``:
+
+    * a q_proj whose rows do not fit the config's gate type (checked before any weight is read, from
+      the safetensors headers or a ``.bin``'s pickle without its data);
+    * a checkpoint that holds part of the decoder but not all of it (layers, norms, biases missing),
+      or decoder weights the config has no place for (QK-norm, biases, extra layers);
+    * a causal-LM checkpoint (decoder under ``model.`` and no other head) without ``lm_head`` while
+      the config says the embeddings are untied.
+
+    As in transformers (the weight is initialised or dropped, and named in the load report and in
+    ``output_loading_info``): task heads the checkpoint or the model lacks (``lm_head`` when loading a
+    bare-model checkpoint into the causal LM, a new classifier's ``score``, ``lm_head`` when loading into
+    a classifier), an explicit ``state_dict``, a checkpoint that holds none of the model's weights, and
+    sizes that differ under ``ignore_mismatched_sizes=True`` (q_proj's gate rows excepted: still an
+    error). ``strict=False`` is transformers' behaviour in every case. ``trust_remote_code=True`` is
+    refused.
+
+    >>> model = Qwen3GatedForCausalLM.from_pretrained("path/to/1B_gate_headwise")  # doctest: +SKIP
+    >>> model = Qwen3GatedForCausalLM.from_pretrained("path/to/bare_model", strict=False)  # doctest: +SKIP
+    """
+    from transformers.configuration_utils import PreTrainedConfig
+
+    output_loading_info = kwargs.pop("output_loading_info", False)
+    if kwargs.get("trust_remote_code"):
+        raise CheckpointError(
+            f"trust_remote_code is not needed for {family} and is refused: this class never runs code from a checkpoint"
+        )
+    config = kwargs.get("config")
+    checkable = strict and pretrained_model_name_or_path is not None and not (
+        kwargs.get("state_dict") is not None or kwargs.get("gguf_file") or kwargs.get("from_tf")
+    )
+    if checkable:
+        if not isinstance(config, PreTrainedConfig):
+            overrides = {k: v for k, v in kwargs.items() if k in cls.config_class.__dataclass_fields__}
+            config = cls.config_class.from_pretrained(
+                config or pretrained_model_name_or_path,
+                **{k: v for k, v in kwargs.items() if k in HUB_KWARGS},
+                **overrides,
+            )
+        tensors = {}
+        for file in resolve_weight_files(pretrained_model_name_or_path, **kwargs):
+            tensors.update(read_weight_file_header(file))
+        check_q_proj_layout(config, tensors, str(pretrained_model_name_or_path))
+
+    model, loading_info = inherited(pretrained_model_name_or_path, *model_args, output_loading_info=True, **kwargs)
+    if checkable:
+        check_loaded_weights(model, loading_info, set(tensors) or None, str(pretrained_model_name_or_path))
+    return (model, loading_info) if output_loading_info else model
+
+
+def install_strict_loading(model_class: type) -> None:
+    """Make ``model_class.from_pretrained`` (and its subclasses') :func:`strict_from_pretrained` over the inherited one.
+
+    Idempotent. ``gated_qwen/__init__.py`` calls it for each entry of its ``STRICT_LOADING``.
+
+    >>> from gated_qwen.models.qwen3_gated.modeling_qwen3_gated import Qwen3GatedPreTrainedModel  # doctest: +SKIP
+    >>> install_strict_loading(Qwen3GatedPreTrainedModel)  # doctest: +SKIP
+    """
+    installed = vars(model_class).get("from_pretrained")
+    if getattr(getattr(installed, "__func__", None), _STRICT_MARK, False):
+        return
+    family = model_class.__name__.removesuffix("PreTrainedModel")
+
+    @functools.wraps(strict_from_pretrained, assigned=("__doc__",))
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, strict: bool = True, **kwargs):
+        # The next from_pretrained after model_class in cls's MRO: transformers' own (PreTrainedModel's).
+        inherited = super(model_class, cls).from_pretrained
+        return strict_from_pretrained(
+            cls, inherited, family, pretrained_model_name_or_path, *model_args, strict=strict, **kwargs
+        )
+
+    from_pretrained.__qualname__ = f"{model_class.__qualname__}.from_pretrained"
+    from_pretrained.__module__ = __name__
+    setattr(from_pretrained, _STRICT_MARK, True)
+    model_class.from_pretrained = classmethod(from_pretrained)
+
+
+__all__ = ["install_strict_loading", "strict_from_pretrained"]
