@@ -23,7 +23,7 @@ import functools
 
 from ..errors import CheckpointError
 from . import HUB_KWARGS, read_weight_file_header, resolve_weight_files  # the package: these may move between its modules
-from .validation import check_loaded_weights, check_q_proj_layout
+from .validation import check_loaded_weights, check_weights_match_config
 
 # The attribute that marks a from_pretrained installed here (installing twice changes nothing).
 _STRICT_MARK = "_gated_qwen_strict_loading"
@@ -42,8 +42,11 @@ def strict_from_pretrained(
 
     Errors (:class:`~gated_qwen.errors.CheckpointError`), unless ``strict=False``:
 
-    * a q_proj whose rows do not fit the config's gate type (checked before any weight is read, from
-      the safetensors headers or a ``.bin``'s pickle without its data);
+    * weights the config does not describe, found from the safetensors headers or a ``.bin``'s pickle
+      without its data, before the model is built (:func:`~gated_qwen.checkpoint.validation.check_weights_match_config`):
+      a tensor whose shape is not the one the config implies (vocabulary, hidden size, MLP width, kv heads,
+      head_dim, q_proj's gate rows), layers beyond or short of ``num_hidden_layers``, biases or QK-norm
+      weights the config has no place for;
     * a checkpoint that holds part of the decoder but not all of it (layers, norms, biases missing),
       or decoder weights the config has no place for (QK-norm, biases, extra layers);
     * a causal-LM checkpoint (decoder under ``model.`` and no other head) without ``lm_head`` while
@@ -82,7 +85,12 @@ def strict_from_pretrained(
         tensors = {}
         for file in resolve_weight_files(pretrained_model_name_or_path, **kwargs):
             tensors.update(read_weight_file_header(file))
-        check_q_proj_layout(config, tensors, str(pretrained_model_name_or_path))
+        # From the headers, before transformers builds anything the config claims. Under
+        # ignore_mismatched_sizes, transformers re-initialises differing sizes: only the gate rows stay checked.
+        check_weights_match_config(
+            config, tensors, str(pretrained_model_name_or_path), sizes=not kwargs.get("ignore_mismatched_sizes"),
+            advice=", or pass strict=False to load it as transformers would",
+        )
 
     model, loading_info = inherited(pretrained_model_name_or_path, *model_args, output_loading_info=True, **kwargs)
     if checkable:

@@ -1,46 +1,307 @@
 """Whether a checkpoint's weights are the ones its config describes.
 
 The rules every way of reading a checkpoint applies (strict ``from_pretrained``
-(:mod:`~gated_qwen.checkpoint.loading`), ``inspect``, ``convert``, ``export``):
+(:mod:`~gated_qwen.checkpoint.loading`), ``inspect``, ``convert``, ``export``, the vLLM plugin):
 
-- :func:`check_q_proj_layout`, before any weight is read: q_proj's rows must fit the config's gate type;
+- :func:`check_weights_match_config`, from the weight headers alone, before anything is built: every
+  tensor's shape is the one the config implies, the checkpoint holds the config's number of layers, and no
+  decoder tensor lacks a place in the config (biases, QK-norm). It includes q_proj's gate-row rule
+  (:func:`check_q_proj_layout`);
 - :func:`check_loaded_weights`, after transformers has loaded: no part of the decoder missing, nothing the
   config has no place for, and a causal-LM checkpoint carries its language-model head.
+
+Bounded work: the header check loops over the tensors the checkpoint holds, never over what the config
+claims (a config saying 20,000 layers or a vocabulary of 500,000,000 costs nothing more to refuse).
+
+What a tensor should look like is a model type's rule (:data:`SHAPE_RULES`: ``model_type`` ->
+``rule(config, name)``), so another family (a Qwen3-MoE gated model, with ``mlp.experts.*`` and a router
+``mlp.gate.weight``) adds its own rule, reusing :func:`attention_shape` and :func:`norm_shape`, without
+touching the check::
+
+    def moe_shape(config, name):
+        layer, local = split_layer_name(name)
+        if layer is not None and local.startswith("mlp."):
+            ...  # Expected(...) for the experts and the router, NoPlace("...") for the rest
+        return dense_shape(config, name)
+
+    SHAPE_RULES["qwen3_moe_gated"] = ShapeRule(moe_shape, moe_layer_tensors)  # what each layer must hold
 """
 
 from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 from ..errors import CheckpointError
 from ..models.layout import gate_type_for_rows, q_proj_rows
 from .formats import TensorInfo
 
 
-def check_q_proj_layout(config, tensors: dict[str, TensorInfo], source: str = "the checkpoint") -> None:
-    """Refuse a checkpoint whose q_proj rows do not match ``config``'s gate type.
+@dataclass(frozen=True)
+class Dim:
+    """One dimension a config implies: its size and the config values that give it, as a message words them."""
+
+    size: int
+    says: str  # "vocab_size 500000000", "num_key_value_heads 4 and head_dim 8"
+
+
+@dataclass(frozen=True)
+class Expected:
+    """The shape a tensor must have, dimension by dimension."""
+
+    dims: tuple[Dim, ...]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(dim.size for dim in self.dims)
+
+
+@dataclass(frozen=True)
+class NoPlace:
+    """A decoder tensor the config has no place for; ``says`` names the config value that leaves it out."""
+
+    says: str = ""
+
+
+_LAYER = re.compile(r"^(?:model\.)?layers\.(\d+)\.(.+)$")
+
+
+def split_layer_name(name: str) -> tuple[int | None, str]:
+    """``(layer index, name inside the layer)`` of a decoder-layer tensor, else ``(None, name without "model.")``.
+
+    >>> split_layer_name("model.layers.12.mlp.up_proj.weight"), split_layer_name("model.norm.weight")
+    ((12, 'mlp.up_proj.weight'), (None, 'norm.weight'))
+    """
+    match = _LAYER.match(name)
+    if match:
+        return int(match.group(1)), match.group(2)
+    return None, name.removeprefix("model.")
+
+
+def _says(config, *keys: str) -> str:
+    return " and ".join(f"{key} {getattr(config, key)}" for key in keys)
+
+
+def norm_shape(config, local: str) -> Expected | NoPlace | None:
+    """A decoder layer's RMSNorms (``input_layernorm``, ``post_attention_layernorm``): ``(hidden_size,)``."""
+    if local in ("input_layernorm.weight", "post_attention_layernorm.weight"):
+        return Expected((Dim(config.hidden_size, _says(config, "hidden_size")),))
+    return None
+
+
+def attention_shape(config, local: str) -> Expected | NoPlace | None:
+    """The attention tensors of a decoder layer (``self_attn.*``), gate rows of q_proj included."""
+    if not local.startswith("self_attn."):
+        return None
+    module, _, kind = local.removeprefix("self_attn.").rpartition(".")
+    hidden = Dim(config.hidden_size, _says(config, "hidden_size"))
+    heads, kv_heads, head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+    q_rows = Dim(
+        q_proj_rows(config.gate_type, heads, head_dim),
+        f"gate type {config.gate_type!r} with num_attention_heads {heads} and head_dim {head_dim}",
+    )
+    kv_rows = Dim(kv_heads * head_dim, _says(config, "num_key_value_heads", "head_dim"))
+    query_width = Dim(heads * head_dim, _says(config, "num_attention_heads", "head_dim"))
+    weights = {"q_proj": (q_rows, hidden), "k_proj": (kv_rows, hidden), "v_proj": (kv_rows, hidden), "o_proj": (hidden, query_width)}
+    if module in weights and kind == "weight":
+        return Expected(weights[module])
+    if module in weights and kind == "bias":
+        if not config.attention_bias:  # qkv_bias decides; the config keeps attention_bias equal to it
+            return NoPlace(f"qkv_bias {config.attention_bias}")
+        return Expected(weights[module][:1])
+    if module in ("q_norm", "k_norm") and kind == "weight":
+        if not config.use_qk_norm:
+            return NoPlace("use_qk_norm False")
+        return Expected((Dim(head_dim, _says(config, "head_dim")),))
+    if module == "rotary_emb":  # a buffer some older checkpoints saved: not a weight, dropped on load
+        return None
+    return NoPlace()
+
+
+def mlp_shape(config, local: str) -> Expected | NoPlace | None:
+    """A dense SwiGLU MLP (``mlp.gate_proj``, ``mlp.up_proj``, ``mlp.down_proj``)."""
+    if not local.startswith("mlp."):
+        return None
+    hidden = Dim(config.hidden_size, _says(config, "hidden_size"))
+    inner = Dim(config.intermediate_size, _says(config, "intermediate_size"))
+    shapes = {"mlp.gate_proj.weight": (inner, hidden), "mlp.up_proj.weight": (inner, hidden), "mlp.down_proj.weight": (hidden, inner)}
+    return Expected(shapes[local]) if local in shapes else NoPlace()  # experts, a router: not in a dense model
+
+
+def dense_shape(config, name: str) -> Expected | NoPlace | None:
+    """The rule of the dense Qwen3Gated decoder (and stock Qwen3): embeddings, final norm, ``lm_head``, layers.
+
+    Names with or without the causal LM's ``model.`` prefix (a bare-model checkpoint has none). A tensor
+    outside the decoder and ``lm_head`` (a classifier's ``score``) is None: task heads follow transformers.
+    """
+    layer, local = split_layer_name(name)
+    hidden = Dim(config.hidden_size, _says(config, "hidden_size"))
+    vocab = Dim(config.vocab_size, _says(config, "vocab_size"))
+    if layer is None:
+        if local == "embed_tokens.weight" or name == "lm_head.weight":
+            return Expected((vocab, hidden))
+        if local == "norm.weight":
+            return Expected((hidden,))
+        return None
+    for rule in (attention_shape, mlp_shape, norm_shape):
+        expected = rule(config, local)
+        if expected is not None:
+            return expected
+    return NoPlace()
+
+
+def dense_layer_tensors(config) -> dict[str, str]:
+    """The tensors each decoder layer of a dense Qwen3Gated model holds (names inside the layer), each with
+    the config value that asks for it ("" where every config does). Never grows with the config's sizes."""
+    names = dict.fromkeys(
+        ["input_layernorm.weight", "post_attention_layernorm.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
+         "mlp.down_proj.weight"] + [f"self_attn.{m}_proj.weight" for m in "qkvo"], ""
+    )
+    if config.attention_bias:
+        names.update(dict.fromkeys([f"self_attn.{m}_proj.bias" for m in "qkvo"], f"qkv_bias {config.attention_bias}"))
+    if config.use_qk_norm:
+        names.update(dict.fromkeys(["self_attn.q_norm.weight", "self_attn.k_norm.weight"], "use_qk_norm True"))
+    return names
+
+
+@dataclass(frozen=True)
+class ShapeRule:
+    """A model type's expectations: ``shape(config, name)`` for any tensor found, and ``layer_tensors(config)``,
+    what each decoder layer must hold (names inside the layer -> the config value asking for it, or "")."""
+
+    shape: Callable[[object, str], Expected | NoPlace | None]
+    layer_tensors: Callable[[object], dict[str, str]]
+
+
+DENSE = ShapeRule(dense_shape, dense_layer_tensors)
+# model_type -> its rule. A stock Qwen3 config is read as Qwen3Gated (gate "none"), so it has one model_type.
+SHAPE_RULES: dict[str, ShapeRule] = {"qwen3_gated": DENSE}
+
+
+def _shown(shape) -> str:
+    return "(" + ", ".join(map(str, shape)) + (",)" if len(shape) == 1 else ")")
+
+
+def weight_disagreements(config, tensors: Mapping[str, TensorInfo], sizes: bool = True) -> list[str]:
+    """Each way the tensors disagree with ``config``, worst first, one sentence each ([] when they agree).
+
+    Compares every tensor's shape with what the config implies (``sizes=False``: only q_proj's, the gate
+    rows that must never be silently re-initialised), refuses decoder tensors the config has no place for,
+    and layers beyond or short of ``num_hidden_layers``. Tensors outside the decoder and ``lm_head`` (task
+    heads) are left to transformers. Loops over ``tensors`` only.
+
+    >>> weight_disagreements(config, read_checkpoint_header(folder).tensors)  # doctest: +SKIP
+    ['config.json says vocab_size 500000000, but model.embed_tokens.weight is (160, 64), not (500000000, 64)']
+    """
+    rule = SHAPE_RULES.get(getattr(config, "model_type", None), DENSE)
+    layers: dict[int, str] = {}
+    held: dict[int, set[str]] = {}  # layer -> the names inside it that the checkpoint holds
+    problems: list[tuple[tuple, str]] = []
+    no_place: dict[str, list[str]] = {}
+    for name, info in tensors.items():
+        layer, local = split_layer_name(name)
+        if layer is not None:
+            layers.setdefault(layer, name.removesuffix(local).rstrip("."))
+            held.setdefault(layer, set()).add(local)
+            if layer >= config.num_hidden_layers:
+                continue  # reported once, as the layer count, below
+        expected = rule.shape(config, name)
+        # q_proj's weight first within its layer: its sentence names the gate type the rows imply.
+        order = (layer is not None, layer or 0, local != "self_attn.q_proj.weight", local)
+        if isinstance(expected, NoPlace):
+            no_place.setdefault(expected.says, []).append(name)
+        elif expected is not None and tuple(info.shape) != expected.shape:
+            if local == "self_attn.q_proj.weight" and len(info.shape) == 2:
+                problems.append((order, _q_proj_sentence(config, name, tuple(info.shape))))
+            elif sizes or local.startswith("self_attn.q_proj."):  # gate rows are never re-initialised
+                found = tuple(info.shape)
+                wrong = [dim.says for i, dim in enumerate(expected.dims) if i >= len(found) or found[i] != dim.size]
+                says = " and ".join(dict.fromkeys(wrong)) or f"{len(expected.dims)} dimensions"
+                problems.append((order, f"config.json says {says}, but {name} is {_shown(found)}, not {_shown(expected.shape)}"))
+    sentences = []
+    if layers:
+        beyond = sorted(index for index in layers if index >= config.num_hidden_layers)
+        missing = config.num_hidden_layers - len(layers) + len(beyond)
+        if beyond:
+            sentences.append(
+                f"config.json says num_hidden_layers {config.num_hidden_layers}, but the checkpoint holds "
+                f"{len(layers)} layers, up to {layers[max(layers)]}"
+            )
+        elif missing > 0:
+            absent = next(index for index in range(len(layers) + 1) if index not in layers)
+            sentences.append(
+                f"config.json says num_hidden_layers {config.num_hidden_layers}, but the checkpoint holds "
+                f"{len(layers)} layer{'s' * (len(layers) != 1)}" + (f" (none numbered {absent})" if absent < len(layers) else "")
+            )
+    sentences += [sentence for _, sentence in sorted(problems)]
+    # Within the layers it holds (never the config's count of them), each tensor the config asks for.
+    required = rule.layer_tensors(config) if held else {}
+    lacking: dict[str, list[str]] = {}
+    for layer in sorted(index for index in held if index < config.num_hidden_layers):
+        for local, says in required.items():
+            if local not in held[layer]:
+                lacking.setdefault(says, []).append(f"{layers[layer]}.{local}")
+    for says, names in lacking.items():
+        shown = ", ".join(sorted(names)[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+        sentences.append((f"config.json says {says}, but " if says else "") + f"the checkpoint lacks weights the model needs: {shown}")
+    for says, names in no_place.items():
+        names = sorted(names, key=lambda n: (split_layer_name(n)[0] or 0, n))
+        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        sentences.append(
+            (f"config.json says {says}, but the checkpoint has " if says else "the checkpoint has ")
+            + f"{shown}, which the config has no place for"
+        )
+    return sentences
+
+
+def _q_proj_sentence(config, name: str, found: tuple[int, ...]) -> str:
+    head_dim = config.head_dim
+    expected = (q_proj_rows(config.gate_type, config.num_attention_heads, head_dim), config.hidden_size)
+    implied = gate_type_for_rows(found[0], config.num_attention_heads, head_dim)
+    implied_text = f"that is the shape of a {implied!r} gate" if implied else "no gate type has that many rows"
+    return (
+        f"{name} has shape {found} but the config (gate type {config.gate_type!r}, "
+        f"{config.num_attention_heads} heads of dim {head_dim}) expects {expected}; {implied_text}"
+    )
+
+
+def check_weights_match_config(
+    config, tensors: Mapping[str, TensorInfo], source: str = "the checkpoint", sizes: bool = True, advice: str = ""
+) -> None:
+    """Refuse, from the headers and before anything is built, weights that ``config`` does not describe.
+
+    Raises one :class:`CheckpointError` with the first disagreement of :func:`weight_disagreements`
+    (``"config.json says vocab_size 500000000, but model.embed_tokens.weight is (160, 64), not (500000000, 64)"``),
+    how many more there are, and what to do; ``advice`` is added to the last (say, ``strict=False``).
+
+    >>> check_weights_match_config(config, read_checkpoint_header(folder).tensors, str(folder))  # doctest: +SKIP
+    """
+    sentences = weight_disagreements(config, tensors, sizes)
+    if sentences:
+        more = f" (and {len(sentences) - 1} more disagreement{'s' * (len(sentences) > 2)})" if len(sentences) > 1 else ""
+        raise CheckpointError(
+            f"{source}: {sentences[0]}{more}. The config does not describe these weights: use the config.json that "
+            f"came with them, or correct the key it names{advice}."
+        )
+
+
+def check_q_proj_layout(config, tensors: Mapping[str, TensorInfo], source: str = "the checkpoint") -> None:
+    """Refuse a checkpoint whose q_proj rows do not match ``config``'s gate type (q_proj's rule alone).
 
     Raises :class:`CheckpointError` naming the layer, the expected and found shapes, and the gate type
     the found shape implies, so that gate rows are never silently dropped or initialised at random.
+    :func:`check_weights_match_config` applies this rule among the others.
 
     >>> check_q_proj_layout(config, read_checkpoint_header(folder).tensors)  # doctest: +SKIP
     """
-    head_dim = config.head_dim
-    expected_rows = q_proj_rows(config.gate_type, config.num_attention_heads, head_dim)
-    for layer in range(config.num_hidden_layers):
-        name = f"model.layers.{layer}.self_attn.q_proj.weight"
-        info = tensors.get(name) or tensors.get(name.removeprefix("model."))
-        if info is None:
+    for name, info in tensors.items():
+        layer, local = split_layer_name(name)
+        if layer is None or layer >= config.num_hidden_layers or local != "self_attn.q_proj.weight":
             continue
-        expected = (expected_rows, config.hidden_size)
-        if tuple(info.shape) != expected:
-            implied = gate_type_for_rows(info.shape[0], config.num_attention_heads, head_dim)
-            implied_text = (
-                f"that is the shape of a {implied!r} gate" if implied else "no gate type has that many rows"
-            )
-            raise CheckpointError(
-                f"{source}: {name} has shape {tuple(info.shape)} but the config (gate type {config.gate_type!r}, "
-                f"{config.num_attention_heads} heads of dim {head_dim}) expects {expected}; {implied_text}. "
-                "Use the config.json that came with these weights."
-            )
+        found = tuple(info.shape)
+        if len(found) != 2 or found != (q_proj_rows(config.gate_type, config.num_attention_heads, config.head_dim), config.hidden_size):
+            raise CheckpointError(f"{source}: {_q_proj_sentence(config, name, found)}. Use the config.json that came with these weights.")
 
 
 def required_head_keys(model) -> set[str]:
@@ -97,4 +358,8 @@ def check_loaded_weights(model, loading_info: dict, checkpoint_keys: set[str] | 
         )
 
 
-__all__ = ["check_loaded_weights", "check_q_proj_layout", "required_head_keys"]
+__all__ = [
+    "DENSE", "SHAPE_RULES", "Dim", "Expected", "NoPlace", "ShapeRule", "attention_shape", "check_loaded_weights",
+    "check_q_proj_layout", "check_weights_match_config", "dense_layer_tensors", "dense_shape", "mlp_shape", "norm_shape", "required_head_keys", "split_layer_name",
+    "weight_disagreements",
+]

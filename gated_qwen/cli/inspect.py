@@ -27,7 +27,7 @@ def describe(checkpoint: str, subfolder: str = "", revision: str | None = None) 
     >>> describe("QwQZh/gated_attention", subfolder="1B_gate_headwise")["gate_type"]  # doctest: +SKIP
     'headwise'
     """
-    from ..checkpoint import SAFETENSORS_DTYPES, check_q_proj_layout, read_checkpoint_header
+    from ..checkpoint import SAFETENSORS_DTYPES, check_weights_match_config, read_checkpoint_header
     from ..models.qwen3_gated.configuration_qwen3_gated import Qwen3GatedConfig, check_model_type
     from ..errors import CheckpointError
 
@@ -46,7 +46,7 @@ def describe(checkpoint: str, subfolder: str = "", revision: str | None = None) 
         )
     shapes_checked = bool(header.tensors)
     if shapes_checked:
-        check_q_proj_layout(config, header.tensors, header.source)
+        check_weights_match_config(config, header.tensors, header.source)
         parameters = sum(t.numel for t in header.tensors.values())
         weight_dtypes = sorted({str(SAFETENSORS_DTYPES[t.dtype]).removeprefix("torch.") for t in header.tensors.values()})
     else:  # pickle weights on the hub: their shapes are inside the file

@@ -43,7 +43,7 @@ from ..checkpoint.formats import (
     read_source_checkpoint,
     write_safetensors_checkpoint,
 )
-from ..checkpoint.validation import check_q_proj_layout
+from ..checkpoint.validation import check_weights_match_config
 from ..models.qwen3_gated.configuration_qwen3_gated import Qwen3GatedConfig, normalize_config_dict
 from ..utils.devices import resolve_dtype
 from ..errors import CheckpointError, GatedQwenError
@@ -298,7 +298,7 @@ def convert_checkpoint(
     header = read_source_checkpoint(src, subfolder, revision, dst, "converted checkpoint")
     folder, source = Path(header.source), header.source
     source_config = source_config_from_dict(header.config, source)
-    check_q_proj_layout(source_config, header.tensors, source)
+    check_weights_match_config(source_config, header.tensors, source)
     config = source_config if gate == "keep" else gated_config_from_dict(header.config, gate, source)
     gated_class = GATED_CLASS_FOR_ARCHITECTURE.get((header.config.get("architectures") or ["Qwen3ForCausalLM"])[0])
     if gated_class is None:

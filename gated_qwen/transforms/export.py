@@ -48,7 +48,7 @@ from ..checkpoint.formats import (
     read_source_checkpoint,
     write_safetensors_checkpoint,
 )
-from ..checkpoint.validation import check_q_proj_layout
+from ..checkpoint.validation import check_weights_match_config
 from ..models.qwen3_gated.configuration_qwen3_gated import Qwen3GatedConfig
 from .conversion import _copy, source_config_from_dict
 from ..utils.devices import resolve_dtype
@@ -316,7 +316,7 @@ def export_checkpoint(
     folder = Path(header.source)
     source_tensors = header.tensors
     config = source_config_from_dict(config_dict, source)
-    check_q_proj_layout(config, source_tensors, source)
+    check_weights_match_config(config, source_tensors, source)
 
     plan, origin, unchanged = _plan_export(source_tensors, config, exported_config, target_dtype, source)
     tensors = CheckpointTensors(header.files)

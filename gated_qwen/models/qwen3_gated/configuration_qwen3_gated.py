@@ -59,6 +59,8 @@ class Qwen3GatedConfig(Qwen3Config):
 
     def __post_init__(self, **kwargs):
         kwargs.pop("auto_map", None)
+        # Before head_dim is derived from them (a zero head count would divide by zero there).
+        check_sizes({key: getattr(self, key) for key in SIZE_KEYS})
         if self.head_dim is None:
             self.head_dim = self.hidden_size // self.num_attention_heads
         if self.qkv_bias is None:
@@ -170,6 +172,42 @@ def check_model_type(config_dict: dict, source="the config") -> str:
     )
 
 
+# Sizes that decide the shapes of the weights: each a positive integer, or the config describes no model.
+# head_dim and num_key_value_heads may be absent (derived: hidden_size / num_attention_heads, num_attention_heads).
+SIZE_KEYS = (
+    "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+    "head_dim",
+)
+OPTIONAL_SIZE_KEYS = ("head_dim", "num_key_value_heads")
+
+
+def check_sizes(values: dict, source: str = "the config") -> None:
+    """Refuse sizes that make no model, naming the key: zero, negative or non-integer sizes, and a missing
+    ``head_dim`` where ``num_attention_heads`` does not divide ``hidden_size`` (the released code derives it so).
+
+    ``values`` is a config.json's dict or a config's fields; absent keys are left to their defaults.
+
+    >>> check_sizes({"vocab_size": 0})
+    Traceback (most recent call last):
+    ...
+    gated_qwen.errors.CheckpointError: the config says vocab_size 0, which makes no model: it must be a positive integer
+    """
+    for key in SIZE_KEYS:
+        value = values.get(key)
+        if value is None and (key in OPTIONAL_SIZE_KEYS or key not in values):
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise CheckpointError(f"{source} says {key} {value!r}, which makes no model: it must be a positive integer")
+    hidden, heads, kv_heads = values.get("hidden_size"), values.get("num_attention_heads"), values.get("num_key_value_heads")
+    if isinstance(heads, int) and isinstance(kv_heads, int) and heads % kv_heads:
+        raise CheckpointError(f"{source}: num_attention_heads ({heads}) is not a multiple of num_key_value_heads ({kv_heads})")
+    if values.get("head_dim") is None and isinstance(hidden, int) and isinstance(heads, int) and hidden % heads:
+        raise CheckpointError(
+            f"{source} says num_attention_heads {heads}, which does not divide hidden_size {hidden}, and gives no head_dim "
+            "to use instead: set head_dim, or correct one of the two"
+        )
+
+
 def normalize_config_dict(config_dict: dict, source="the config") -> dict:
     """A released, stock Qwen3 or Qwen3Gated config.json's dict, ready for :class:`Qwen3GatedConfig`.
 
@@ -180,10 +218,11 @@ def normalize_config_dict(config_dict: dict, source="the config") -> dict:
     >>> normalize_config_dict({"model_type": "qwen2", "use_qk_norm": True})["model_type"]
     'qwen3_gated'
     """
+    check_sizes(config_dict, "config.json" if source == "the config" else f"the config.json of {source}")
     if "model_type" not in config_dict:
         return config_dict
     check_model_type(config_dict, source)
     return {**config_dict, "model_type": Qwen3GatedConfig.model_type}
 
 
-__all__ = ["Qwen3GatedConfig", "check_model_type", "is_gated_attention_config", "normalize_config_dict"]
+__all__ = ["Qwen3GatedConfig", "check_model_type", "check_sizes", "is_gated_attention_config", "normalize_config_dict"]
