@@ -7,6 +7,10 @@ the gated-qwen checkpoint it came from: ``--export EXPORTED SOURCE``.
 
     python scripts/check_vllm.py path/to/1B_gate_headwise --tensor-parallel-size 1 2
     python scripts/check_vllm.py saved_arm --export qwen3_5_export saved_arm --json
+    python scripts/check_vllm.py --refused arm_with_a_wrong_config --json
+
+A folder given with ``--refused`` is one vLLM must refuse: only vLLM is run on it (gated-qwen refuses it
+too, so there is nothing to compare with), and the caller's exception is recorded as its ``error``.
 
 Needs vLLM installed beside gated-qwen (README, "Serve it"). On a CPU, each tensor-parallel rank takes
 its own cores: ``VLLM_CPU_OMP_THREADS_BIND="0|1"`` for two ranks on a 2-core machine. Exits 1 when
@@ -83,6 +87,9 @@ def check(cases: list[tuple[str, str]], tensor_parallel_sizes: list[int], max_ne
     # decoder class in place for its compiler, and gated-qwen's own classes no longer build outside vLLM.
     planned = []
     for model, reference in cases:
+        if reference is None:  # to be refused: a few token ids, no reference
+            planned.append((model, None, [[1, 2, 3]], None))
+            continue
         tokenizer = AutoTokenizer.from_pretrained(model)
         prompt_ids = [tokenizer(prompt).input_ids for prompt in PROMPTS]
         planned.append((model, reference, prompt_ids, gated_qwen_greedy(reference, prompt_ids, max_new_tokens, dtype)))
@@ -97,7 +104,8 @@ def check(cases: list[tuple[str, str]], tensor_parallel_sizes: list[int], max_ne
             except Exception as error:  # recorded, and the remaining cases still run
                 result["error"] = f"{type(error).__name__}: {error}"
             result["seconds"] = round(time.perf_counter() - start, 1)
-            result["equal"] = result.get("tokens") == expected
+            # a --refused case is "equal" when vLLM refused it
+            result["equal"] = "error" in result if reference is None else result.get("tokens") == expected
             results.append(result)
     return results
 
@@ -107,6 +115,8 @@ def main(argv=None) -> int:
     parser.add_argument("models", nargs="*", help="checkpoint folders gated-qwen loads (each is its own reference)")
     parser.add_argument("--export", nargs=2, action="append", default=[], metavar=("EXPORTED", "SOURCE"),
                         help="a folder vLLM serves without gated-qwen, checked against the checkpoint it came from")
+    parser.add_argument("--refused", action="append", default=[], metavar="FOLDER",
+                        help="a folder vLLM must refuse (its error is recorded; nothing is compared)")
     parser.add_argument("--tensor-parallel-size", type=int, nargs="+", default=[1])
     parser.add_argument("--max-new-tokens", type=int, default=16)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
@@ -114,8 +124,9 @@ def main(argv=None) -> int:
     parser.add_argument("--json", action="store_true", help="one JSON object per case on stdout")
     args = parser.parse_intermixed_args(argv)  # folders and --export pairs in any order
     cases = [(model, model) for model in args.models] + [tuple(pair) for pair in args.export]
+    cases += [(model, None) for model in args.refused]
     if not cases:
-        parser.error("give at least one model folder or --export EXPORTED SOURCE")
+        parser.error("give at least one model folder, --export EXPORTED SOURCE or --refused FOLDER")
     # One vLLM import for every engine: each engine in this process, not in a process of its own.
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout is for the results
@@ -126,7 +137,10 @@ def main(argv=None) -> int:
         if args.json:
             print(json.dumps(result), flush=True)
         else:
-            verdict = "equal" if result["equal"] else result.get("error") or f"DIFFERENT: vLLM {result['tokens']} vs gated-qwen {result['expected']}"
+            if result["reference"] is None:
+                verdict = f"refused: {result['error']}" if result["equal"] else "NOT REFUSED"
+            else:
+                verdict = "equal" if result["equal"] else result.get("error") or f"DIFFERENT: vLLM {result['tokens']} vs gated-qwen {result['expected']}"
             print(f"{result['model']}  tp={result['tensor_parallel_size']}  {result.get('built', '-')}  {result['seconds']} s  {verdict}")
     print(f"{sum(r['equal'] for r in results)}/{len(results)} cases equal in {time.perf_counter() - start:.0f} s", file=sys.stderr)
     return 0 if all(result["equal"] for result in results) else 1

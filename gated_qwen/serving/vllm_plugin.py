@@ -20,9 +20,22 @@ that vLLM imports them only where it builds a model.
 Tensor parallelism: the size must divide ``num_key_value_heads``
 (:func:`check_tensor_parallel_size`), so that each rank's contiguous slice of q_proj holds whole kv
 groups, each with its gate rows.
+
+Refusals reach the caller: :func:`register` also enters both architectures in vLLM's per-architecture
+config hooks (``vllm.model_executor.models.config.MODELS_CONFIG_MAP``), which vLLM runs while it builds
+its ``VllmConfig`` in the caller's process, before any engine, worker or weight exists. There
+:func:`check_served_checkpoint` refuses a gated checkpoint whose config does not describe its weights (the
+check of :func:`gated_qwen.checkpoint.validation.check_weights_match_config`, from the weight headers: a
+headwise arm whose config says elementwise, or names no gate, included) and a tensor-parallel size that
+would cut a kv group; the error is the caller's exception, not a line in a worker's log.
 """
 
 from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
 
 GATED_ARCHITECTURE = "Qwen3GatedForCausalLM"
 QWEN3_ARCHITECTURE = "Qwen3ForCausalLM"
@@ -42,6 +55,67 @@ def register() -> None:
 
     ModelRegistry.register_model(GATED_ARCHITECTURE, f"{MODELS_MODULE}:Qwen3GatedForCausalLM")
     ModelRegistry.register_model(QWEN3_ARCHITECTURE, f"{MODELS_MODULE}:Qwen3OrGatedForCausalLM")
+    _register_config_checks()
+
+
+def _register_config_checks() -> None:
+    """Enter :func:`check_served_checkpoint` in vLLM's config hooks for both architectures, before whatever
+    hook vLLM has for them (called after ours). Idempotent."""
+    from vllm.model_executor.models.config import MODELS_CONFIG_MAP, VerifyAndUpdateConfig
+
+    for architecture in (GATED_ARCHITECTURE, QWEN3_ARCHITECTURE):
+        previous = MODELS_CONFIG_MAP.get(architecture)
+        if getattr(previous, "gated_qwen_check", False):
+            continue
+
+        def verify_and_update_config(vllm_config, previous=previous) -> None:
+            check_served_checkpoint(vllm_config)
+            if previous is not None:
+                previous.verify_and_update_config(vllm_config)
+
+        MODELS_CONFIG_MAP[architecture] = type(
+            f"GatedQwenCheck{architecture}",
+            (previous or VerifyAndUpdateConfig,),
+            {"gated_qwen_check": True, "verify_and_update_config": staticmethod(verify_and_update_config)},
+        )
+
+
+def check_served_checkpoint(vllm_config) -> None:
+    """Refuse, in vLLM's front end, a gated checkpoint vLLM would serve wrongly (a stock Qwen3 is left to vLLM).
+
+    From the config vLLM read and the checkpoint's weight headers (local safetensors or ``.bin``; on the hub,
+    safetensors headers by range reads, while a ``.bin``'s shapes would need the download and are left to
+    the load): :class:`~gated_qwen.errors.CheckpointError` where the config does not describe the weights
+    or its values make no model, ValueError where the tensor-parallel size does not divide the kv heads.
+    """
+    from ..checkpoint import check_weights_match_config, local_weight_files, read_checkpoint_header, read_weight_file_header
+    from ..errors import CheckpointError
+    from ..models.qwen3_gated.configuration_qwen3_gated import Qwen3GatedConfig, is_gated_attention_config
+
+    model_config = vllm_config.model_config
+    config_dict = model_config.hf_config.to_dict()
+    gated = model_config.architecture == GATED_ARCHITECTURE or is_gated_attention_config(config_dict)
+    if not gated and config_dict.get("model_type") != "qwen3":
+        return  # not a model of this plugin's
+    config = Qwen3GatedConfig.from_dict(config_dict)  # refuses sizes that make no model, naming the key
+    if gated:  # vLLM's own Qwen3 replicates kv heads as it does for any model
+        check_tensor_parallel_size(config.num_key_value_heads, vllm_config.parallel_config.tensor_parallel_size)
+    if str(getattr(vllm_config.load_config, "load_format", "")) == "dummy":
+        return  # no weights are read: random ones of the config's own shapes
+    # A stock Qwen3 config is checked too (as gate "none"): a gated arm whose config lost its gate keys would
+    # otherwise be served by vLLM's Qwen3, which keeps the first rows of q_proj and drops the rest unsaid.
+    source = str(model_config.model)
+    if Path(source).is_dir():
+        tensors = {}
+        for file in local_weight_files(source):
+            tensors.update(read_weight_file_header(file))
+    else:
+        try:  # safetensors headers by range reads; pickle weights give no shapes without the download
+            tensors = read_checkpoint_header(source, revision=model_config.revision).tensors
+        except CheckpointError as error:  # offline, say: vLLM finds its own way to the weights
+            logger.warning("gated-qwen could not read the weight headers of %s before loading (%s)", source, error)
+            return
+    check_weights_match_config(config, tensors, source)
 
 
 def check_tensor_parallel_size(num_key_value_heads: int, tensor_parallel_size: int) -> None:
@@ -66,4 +140,4 @@ def check_tensor_parallel_size(num_key_value_heads: int, tensor_parallel_size: i
         )
 
 
-__all__ = ["GATED_ARCHITECTURE", "QWEN3_ARCHITECTURE", "check_tensor_parallel_size", "register"]
+__all__ = ["GATED_ARCHITECTURE", "QWEN3_ARCHITECTURE", "check_served_checkpoint", "check_tensor_parallel_size", "register"]

@@ -97,11 +97,14 @@ def vllm_run(tmp_path_factory):
     # One kv head: with two ranks vLLM would replicate it and cut q_proj inside its group. Last, so that
     # its refusal at size 2 is the last thing the process does.
     single_kv_head, _ = released_arm(root / "single-kv-head", "headwise", num_key_value_heads=1)
+    refused = {name: make(root / name) for name, (make, _) in REFUSED.items()}
 
     arguments = []
     for served, reference in cases.values():
         arguments += [str(served)] if served == reference else ["--export", str(served), str(reference)]
     arguments += [str(stock), str(single_kv_head)]
+    for folder in refused.values():
+        arguments += ["--refused", str(folder)]
     environment = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "0|1")}
     process = subprocess.run(
         [sys.executable, str(REPO / "scripts" / "check_vllm.py"), *arguments, "--json",
@@ -109,8 +112,9 @@ def vllm_run(tmp_path_factory):
         capture_output=True, text=True, env=environment, timeout=3000,
     )
     results = {(Path(r["model"]), r["tensor_parallel_size"]): r for r in map(json.loads, process.stdout.splitlines())}
-    assert len(results) == (len(cases) + 2) * len(TENSOR_PARALLEL_SIZES), process.stderr[-5000:]
-    return {"cases": cases, "stock": stock, "single_kv_head": single_kv_head, "results": results, "stderr": process.stderr}
+    assert len(results) == (len(cases) + 2 + len(refused)) * len(TENSOR_PARALLEL_SIZES), process.stderr[-5000:]
+    return {"cases": cases, "stock": stock, "single_kv_head": single_kv_head, "refused": refused, "results": results,
+            "stderr": process.stderr}
 
 
 @pytest.mark.parametrize("tensor_parallel_size", TENSOR_PARALLEL_SIZES)
@@ -135,6 +139,41 @@ def test_a_tensor_parallel_size_that_cuts_a_kv_group_is_refused(vllm_run):
     alone = vllm_run["results"][vllm_run["single_kv_head"], 1]
     assert alone["tokens"] == alone["expected"]
     cut = vllm_run["results"][vllm_run["single_kv_head"], 2]
-    assert "tokens" not in cut and "error" in cut
-    assert "tensor_parallel_size 2 does not divide num_key_value_heads (1)" in vllm_run["stderr"]
+    assert "tokens" not in cut
+    # the caller's own exception says why (not only a worker's log behind "Engine core initialization failed")
+    assert "tensor_parallel_size 2 does not divide num_key_value_heads (1)" in cut["error"]
+
+
+def with_config(folder: Path, gate: str, **changes) -> Path:
+    """A released arm of ``gate`` whose config.json is then edited."""
+    released_arm(folder, gate)
+    config = json.loads((folder / "config.json").read_text())
+    config.update(changes)
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+# Arms whose config does not describe their weights (issue 21), each with what vLLM's refusal must say.
+# Without the plugin's check the first is served as headwise and the second by vLLM's own Qwen3, both
+# generating wrong tokens without a word.
+REFUSED = {
+    "elementwise-arm-config-says-headwise": (
+        lambda folder: with_config(folder, "elementwise", headwise_attn_output_gate=True, elementwise_attn_output_gate=False),
+        "q_proj.weight has shape (256, 128) but the config (gate type 'headwise', 4 heads of dim 32) expects (132, 128); "
+        "that is the shape of a 'elementwise' gate",
+    ),
+    "headwise-arm-config-names-no-gate": (
+        lambda folder: with_config(folder, "headwise", headwise_attn_output_gate=False),
+        "q_proj.weight has shape (132, 128) but the config (gate type 'none', 4 heads of dim 32) expects (128, 128); "
+        "that is the shape of a 'headwise' gate",
+    ),
+}
+
+
+@pytest.mark.parametrize("tensor_parallel_size", TENSOR_PARALLEL_SIZES)
+@pytest.mark.parametrize("name", REFUSED)
+def test_a_config_that_does_not_describe_the_weights_is_refused_to_the_caller(vllm_run, name, tensor_parallel_size):
+    result = vllm_run["results"][vllm_run["refused"][name], tensor_parallel_size]
+    assert "tokens" not in result, result
+    assert REFUSED[name][1] in result["error"]
 

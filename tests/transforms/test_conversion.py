@@ -496,7 +496,8 @@ def garbled_config(folder: Path) -> None:
         (to_gated, "1GB", "already gated"),
         (to_malicious_pickle, "1GB", "pickle that is not plain tensors"),
         (gated_weights_stock_config, "1GB", "shape of a 'headwise' gate"),
-        (drop_layer, "1GB", "missing: model.layers.2"),
+        # refused from the headers, before the plan (issue 21), naming the key and what the weights hold
+        (drop_layer, "1GB", "config.json says num_hidden_layers 3, but the checkpoint holds 2 layers"),
         (garbled_config, "1GB", "not valid JSON"),
     ],
     ids=["corrupt", "truncated", "missing-shard", "not-qwen3", "already-gated", "malicious-pickle", "gated-rows", "layers", "config"],
