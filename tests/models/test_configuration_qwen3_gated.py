@@ -100,3 +100,33 @@ def test_released_arm_configs_give_the_measured_parameter_counts(name, gate, par
     with torch.device("meta"):
         model = Qwen3GatedForCausalLM(config)
     assert sum(p.numel() for p in model.parameters()) == pytest.approx(parameters, abs=0.05e6)
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"vocab_size": 0}, "says vocab_size 0, which makes no model"),
+        ({"hidden_size": -64}, "says hidden_size -64, which makes no model"),
+        ({"num_hidden_layers": 0}, "says num_hidden_layers 0, which makes no model"),
+        ({"intermediate_size": 128.5}, "says intermediate_size 128.5, which makes no model: it must be a positive integer"),
+        ({"num_attention_heads": 0}, "says num_attention_heads 0, which makes no model"),  # not a ZeroDivisionError
+        ({"num_key_value_heads": "2"}, "says num_key_value_heads '2', which makes no model"),
+        ({"head_dim": 0}, "says head_dim 0, which makes no model"),
+        ({"num_attention_heads": 3, "num_key_value_heads": 1}, "num_attention_heads 3, which does not divide hidden_size 32, and gives no head_dim"),
+        ({"num_key_value_heads": 3}, r"num_attention_heads \(4\) is not a multiple of num_key_value_heads \(3\)"),
+    ],
+    ids=["zero vocab", "negative hidden", "no layers", "fractional MLP", "no heads", "text kv heads", "zero head_dim",
+         "heads not dividing hidden", "kv heads not dividing heads"],
+)
+def test_a_config_that_makes_no_model_is_refused_when_read_naming_the_key(tmp_path, changes, message):
+    config = tiny_config_dict()  # hidden 32, 4 heads, no head_dim (derived: 8)
+    config.update(changes)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=message) as error:
+        Qwen3GatedConfig.from_pretrained(tmp_path)
+    assert str(tmp_path) in str(error.value)  # which config.json
+
+
+def test_a_config_built_from_keywords_is_checked_too():
+    with pytest.raises(ValueError, match="says vocab_size -1, which makes no model"):
+        Qwen3GatedConfig(vocab_size=-1)
