@@ -28,13 +28,13 @@ from .formats import (
     write_safetensors,
     write_safetensors_checkpoint,
 )
-from .validation import check_loaded_weights, check_q_proj_layout, check_weights_match_config, weight_disagreements
+from .validation import check_layer_count, check_loaded_weights, check_q_proj_layout, check_weights_match_config, weight_disagreements
 from .outputs import OutputError, OutputFolder, output_file, scratch_folder, write_text
 
 __all__ = [
     "AUXILIARY_FILES", "CONFIG_NAME", "HUB_KWARGS", "PICKLE_WEIGHTS_INDEX_NAME", "PICKLE_WEIGHTS_NAME",
     "SAFE_WEIGHTS_INDEX_NAME", "SAFE_WEIGHTS_NAME", "SAFETENSORS_DTYPES", "CheckpointHeader", "CheckpointTensors",
-    "OutputError", "OutputFolder", "StoredTensor", "TensorInfo", "check_loaded_weights", "check_q_proj_layout", "check_weights_match_config", "checkpoint_folder",
+    "OutputError", "OutputFolder", "StoredTensor", "TensorInfo", "check_layer_count", "check_loaded_weights", "check_q_proj_layout", "check_weights_match_config", "checkpoint_folder",
     "load_pickle_weights", "local_weight_files", "output_file", "read_checkpoint_header", "read_config_json",
     "read_json", "read_source_checkpoint", "read_weight_file_header", "resolve_weight_files", "scratch_folder",
     "split_into_shards", "weight_disagreements", "weights_format", "write_safetensors", "write_safetensors_checkpoint", "write_text",

@@ -23,7 +23,7 @@ import functools
 
 from ..errors import CheckpointError
 from . import HUB_KWARGS, read_weight_file_header, resolve_weight_files  # the package: these may move between its modules
-from .validation import check_loaded_weights, check_weights_match_config
+from .validation import check_layer_count, check_loaded_weights, check_weights_match_config
 
 # The attribute that marks a from_pretrained installed here (installing twice changes nothing).
 _STRICT_MARK = "_gated_qwen_strict_loading"
@@ -75,22 +75,23 @@ def strict_from_pretrained(
         kwargs.get("state_dict") is not None or kwargs.get("gguf_file") or kwargs.get("from_tf")
     )
     if checkable:
-        if not isinstance(config, PreTrainedConfig):
-            overrides = {k: v for k, v in kwargs.items() if k in cls.config_class.__dataclass_fields__}
-            config = cls.config_class.from_pretrained(
-                config or pretrained_model_name_or_path,
-                **{k: v for k, v in kwargs.items() if k in HUB_KWARGS},
-                **overrides,
-            )
+        source, advice = str(pretrained_model_name_or_path), ", or pass strict=False to load it as transformers would"
         tensors = {}
         for file in resolve_weight_files(pretrained_model_name_or_path, **kwargs):
             tensors.update(read_weight_file_header(file))
+        if not isinstance(config, PreTrainedConfig):
+            hub_kwargs = {k: v for k, v in kwargs.items() if k in HUB_KWARGS}
+            overrides = {k: v for k, v in kwargs.items() if k in cls.config_class.__dataclass_fields__}
+            # The layer count from config.json's number first: building the config object costs time in
+            # proportion to it (transformers makes and validates a list of per-layer attention types).
+            config_dict, _ = cls.config_class.get_config_dict(config or pretrained_model_name_or_path, **hub_kwargs)
+            layers = overrides.get("num_hidden_layers", config_dict.get("num_hidden_layers"))
+            if isinstance(layers, int) and not isinstance(layers, bool):
+                check_layer_count(layers, tensors, source, advice)
+            config = cls.config_class.from_pretrained(config or pretrained_model_name_or_path, **hub_kwargs, **overrides)
         # From the headers, before transformers builds anything the config claims. Under
         # ignore_mismatched_sizes, transformers re-initialises differing sizes: only the gate rows stay checked.
-        check_weights_match_config(
-            config, tensors, str(pretrained_model_name_or_path), sizes=not kwargs.get("ignore_mismatched_sizes"),
-            advice=", or pass strict=False to load it as transformers would",
-        )
+        check_weights_match_config(config, tensors, source, sizes=not kwargs.get("ignore_mismatched_sizes"), advice=advice)
 
     model, loading_info = inherited(pretrained_model_name_or_path, *model_args, output_loading_info=True, **kwargs)
     if checkable:

@@ -219,21 +219,7 @@ def weight_disagreements(config, tensors: Mapping[str, TensorInfo], sizes: bool 
                 wrong = [dim.says for i, dim in enumerate(expected.dims) if i >= len(found) or found[i] != dim.size]
                 says = " and ".join(dict.fromkeys(wrong)) or f"{len(expected.dims)} dimensions"
                 problems.append((order, f"config.json says {says}, but {name} is {_shown(found)}, not {_shown(expected.shape)}"))
-    sentences = []
-    if layers:
-        beyond = sorted(index for index in layers if index >= config.num_hidden_layers)
-        missing = config.num_hidden_layers - len(layers) + len(beyond)
-        if beyond:
-            sentences.append(
-                f"config.json says num_hidden_layers {config.num_hidden_layers}, but the checkpoint holds "
-                f"{len(layers)} layers, up to {layers[max(layers)]}"
-            )
-        elif missing > 0:
-            absent = next(index for index in range(len(layers) + 1) if index not in layers)
-            sentences.append(
-                f"config.json says num_hidden_layers {config.num_hidden_layers}, but the checkpoint holds "
-                f"{len(layers)} layer{'s' * (len(layers) != 1)}" + (f" (none numbered {absent})" if absent < len(layers) else "")
-            )
+    sentences = _layer_count_sentences(config.num_hidden_layers, layers)
     sentences += [sentence for _, sentence in sorted(problems)]
     # Within the layers it holds (never the config's count of them), each tensor the config asks for.
     required = rule.layer_tensors(config) if held else {}
@@ -253,6 +239,39 @@ def weight_disagreements(config, tensors: Mapping[str, TensorInfo], sizes: bool 
             + f"{shown}, which the config has no place for"
         )
     return sentences
+
+
+def _layer_count_sentences(num_hidden_layers: int, layers: dict[int, str]) -> list[str]:
+    """The layer-count disagreement, if any; ``layers`` maps each layer index found to its prefix."""
+    if not layers:  # no decoder layers at all: not a checkpoint of this model, which transformers reports
+        return []
+    beyond = [index for index in layers if index >= num_hidden_layers]
+    if beyond:
+        return [f"config.json says num_hidden_layers {num_hidden_layers}, but the checkpoint holds {len(layers)} "
+                f"layers, up to {layers[max(layers)]}"]
+    if len(layers) < num_hidden_layers:
+        absent = next(index for index in range(len(layers) + 1) if index not in layers)
+        return [f"config.json says num_hidden_layers {num_hidden_layers}, but the checkpoint holds {len(layers)} "
+                f"layer{'s' * (len(layers) != 1)}" + (f" (none numbered {absent})" if absent < len(layers) else "")]
+    return []
+
+
+def check_layer_count(num_hidden_layers: int, tensors: Mapping[str, TensorInfo], source: str = "the checkpoint", advice: str = "") -> None:
+    """:func:`check_weights_match_config`'s layer-count rule alone, from a config.json's number: run before
+    the config object is built, whose construction grows with ``num_hidden_layers`` (transformers makes and
+    validates a list of per-layer attention types).
+
+    >>> check_layer_count(20000, read_checkpoint_header(folder).tensors, str(folder))  # doctest: +SKIP
+    Traceback (most recent call last):
+    ...
+    gated_qwen.errors.CheckpointError: ...: config.json says num_hidden_layers 20000, but the checkpoint holds 2 layers. ...
+    """
+    layers: dict[int, str] = {}
+    for name in tensors:
+        layer, local = split_layer_name(name)
+        if layer is not None:
+            layers.setdefault(layer, name.removesuffix(local).rstrip("."))
+    _refuse(source, _layer_count_sentences(num_hidden_layers, layers), advice)
 
 
 def _q_proj_sentence(config, name: str, found: tuple[int, ...]) -> str:
@@ -277,7 +296,10 @@ def check_weights_match_config(
 
     >>> check_weights_match_config(config, read_checkpoint_header(folder).tensors, str(folder))  # doctest: +SKIP
     """
-    sentences = weight_disagreements(config, tensors, sizes)
+    _refuse(source, weight_disagreements(config, tensors, sizes), advice)
+
+
+def _refuse(source: str, sentences: list[str], advice: str) -> None:
     if sentences:
         more = f" (and {len(sentences) - 1} more disagreement{'s' * (len(sentences) > 2)})" if len(sentences) > 1 else ""
         raise CheckpointError(
@@ -359,7 +381,7 @@ def check_loaded_weights(model, loading_info: dict, checkpoint_keys: set[str] | 
 
 
 __all__ = [
-    "DENSE", "SHAPE_RULES", "Dim", "Expected", "NoPlace", "ShapeRule", "attention_shape", "check_loaded_weights",
-    "check_q_proj_layout", "check_weights_match_config", "dense_layer_tensors", "dense_shape", "mlp_shape", "norm_shape", "required_head_keys", "split_layer_name",
+    "DENSE", "SHAPE_RULES", "Dim", "Expected", "NoPlace", "ShapeRule", "attention_shape", "check_layer_count",
+    "check_loaded_weights", "check_q_proj_layout", "check_weights_match_config", "dense_layer_tensors", "dense_shape", "mlp_shape", "norm_shape", "required_head_keys", "split_layer_name",
     "weight_disagreements",
 ]

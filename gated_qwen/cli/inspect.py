@@ -27,12 +27,15 @@ def describe(checkpoint: str, subfolder: str = "", revision: str | None = None) 
     >>> describe("QwQZh/gated_attention", subfolder="1B_gate_headwise")["gate_type"]  # doctest: +SKIP
     'headwise'
     """
-    from ..checkpoint import SAFETENSORS_DTYPES, check_weights_match_config, read_checkpoint_header
+    from ..checkpoint import SAFETENSORS_DTYPES, check_layer_count, check_weights_match_config, read_checkpoint_header
     from ..models.qwen3_gated.configuration_qwen3_gated import Qwen3GatedConfig, check_model_type
     from ..errors import CheckpointError
 
     header = read_checkpoint_header(checkpoint, subfolder=subfolder, revision=revision)
     kind = check_model_type(header.config, header.source)
+    layers = header.config.get("num_hidden_layers")
+    if header.tensors and isinstance(layers, int) and not isinstance(layers, bool):
+        check_layer_count(layers, header.tensors, header.source)  # before the config object, which grows with it
     try:
         config = Qwen3GatedConfig.from_dict(header.config)
     except CheckpointError:
