@@ -281,3 +281,20 @@ def test_another_model_type_adds_its_shapes_without_changing_the_check(arm, monk
     assert weight_disagreements(SimpleNamespace(**{**vars(moe), "num_key_value_heads": 4}), tensors)[0].startswith(
         "config.json says num_key_value_heads 4 and head_dim 16"
     )
+
+
+def test_a_billion_layers_is_refused_before_the_config_object_is_built(edited_arm, monkeypatch, no_model_built, deadline):
+    """transformers' config makes and validates a list of num_hidden_layers attention types (8 GB for a
+    billion): the layer count is compared with the headers from config.json's number, before that."""
+
+    def refuse(self, **kwargs):
+        raise AssertionError(f"a config object was built for {self.num_hidden_layers} layers")
+
+    folder = edited_arm(num_hidden_layers=10**9)
+    monkeypatch.setattr(Qwen3GatedConfig, "__post_init__", refuse)
+    with pytest.raises(CheckpointError, match="config.json says num_hidden_layers 1000000000, but the checkpoint holds 2 layers"):
+        Qwen3GatedForCausalLM.from_pretrained(folder)
+    from gated_qwen.cli.inspect import describe
+
+    with pytest.raises(CheckpointError, match="config.json says num_hidden_layers 1000000000, but the checkpoint holds 2 layers"):
+        describe(str(folder))
