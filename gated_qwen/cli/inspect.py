@@ -27,7 +27,7 @@ def describe(checkpoint: str, subfolder: str = "", revision: str | None = None) 
     >>> describe("QwQZh/gated_attention", subfolder="1B_gate_headwise")["gate_type"]  # doctest: +SKIP
     'headwise'
     """
-    from ..checkpoint.formats import SAFETENSORS_DTYPES, check_q_proj_layout, read_checkpoint_header
+    from ..checkpoint import SAFETENSORS_DTYPES, check_q_proj_layout, read_checkpoint_header
     from ..models.qwen3_gated.configuration_qwen3_gated import Qwen3GatedConfig, check_model_type
     from ..errors import CheckpointError
 

@@ -34,7 +34,7 @@ from torch import nn
 from transformers import Qwen3ForCausalLM, Qwen3ForSequenceClassification, Qwen3Model
 from transformers.utils import logging
 
-from ..checkpoint.formats import (
+from ..checkpoint import (
     AUXILIARY_FILES,
     SAFETENSORS_CODES,
     SAFETENSORS_DTYPES,

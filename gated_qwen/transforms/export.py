@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 from transformers.utils import logging
 
-from ..checkpoint.formats import (
+from ..checkpoint import (
     AUXILIARY_FILES,
     CONFIG_NAME,
     SAFETENSORS_CODES,

@@ -381,7 +381,7 @@ def fake_hub(monkeypatch, snapshot: Path, listing: dict[str, int]):
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot_download)
     monkeypatch.setattr(huggingface_hub.HfApi, "list_repo_tree", fake_list_repo_tree)
-    monkeypatch.setattr("gated_qwen.checkpoint.formats.resolve_source", lambda *args: None)  # the hub probe (tests/checkpoint/test_hub.py)
+    monkeypatch.setattr("gated_qwen.checkpoint.sources.resolve_source", lambda *args: None)  # the hub probe (tests/checkpoint/test_hub.py)
     return calls
 
 

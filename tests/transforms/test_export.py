@@ -475,7 +475,7 @@ def test_hub_source_downloads_config_weights_and_tokenizer_but_no_code(tmp_path,
     monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot_download)
     monkeypatch.setattr(huggingface_hub.HfApi, "list_repo_tree",
                         lambda self, repo_id, path_in_repo=None, **k: [SimpleNamespace(path=p, size=n) for p, n in listing.items()])
-    monkeypatch.setattr("gated_qwen.checkpoint.formats.resolve_source", lambda *args: None)  # the hub probe (tests/checkpoint/test_hub.py)
+    monkeypatch.setattr("gated_qwen.checkpoint.sources.resolve_source", lambda *args: None)  # the hub probe (tests/checkpoint/test_hub.py)
     result = export_checkpoint("owner/model", tmp_path / "out", subfolder="arm", revision="v1", progress=False)
     assert (result.path / "tokenizer.json").is_file() and (result.path / "chat_template.jinja").is_file()
     (config_call, (_, repo_id, revision, patterns)) = calls

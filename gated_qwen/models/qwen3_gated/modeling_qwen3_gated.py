@@ -32,7 +32,7 @@ from transformers.generation import GenerationMixin
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.utils import logging
 
-from ...checkpoint.formats import HUB_KWARGS, check_q_proj_layout, read_weight_file_header, resolve_weight_files
+from ...checkpoint import HUB_KWARGS, check_q_proj_layout, read_weight_file_header, resolve_weight_files
 from .configuration_qwen3_gated import Qwen3GatedConfig
 from ...errors import CheckpointError
 from ..auto import register_with_transformers
