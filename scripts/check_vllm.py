@@ -8,7 +8,7 @@ the gated-qwen checkpoint it came from: ``--export EXPORTED SOURCE``.
     python scripts/check_vllm.py path/to/1B_gate_headwise --tensor-parallel-size 1 2
     python scripts/check_vllm.py saved_arm --export qwen3_5_export saved_arm --json
 
-Needs vLLM installed beside gated-qwen (README, "Serve it"). On a CPU, each tensor-parallel rank takes
+Needs vLLM installed beside gated-qwen (docs/serving.md). On a CPU, each tensor-parallel rank takes
 its own cores: ``VLLM_CPU_OMP_THREADS_BIND="0|1"`` for two ranks on a 2-core machine. Exits 1 when
 any case differs or vLLM fails on it (its error is printed and recorded), 0 when all agree.
 """

@@ -144,7 +144,7 @@ def test_in_memory_grown_q_proj_is_in_released_layout():
     gated = convert_qwen3_to_gated(stock, gate="headwise")
     stock_q, gated_q = stock.model.layers[0].self_attn.q_proj, gated.model.layers[0].self_attn.q_proj
     D, G = 8, 2
-    # RELEASED_FORMAT.md: per kv head k, the G heads' queries (G*D rows), then their G gate rows
+    # docs/released-format.md: per kv head k, the G heads' queries (G*D rows), then their G gate rows
     for k in range(2):
         block = gated_q.weight[k * (G * D + G) : (k + 1) * (G * D + G)]
         assert torch.equal(block[: G * D], stock_q.weight[k * G * D : (k + 1) * G * D])
