@@ -29,20 +29,18 @@ from _results import describe, new_report, write_results
 
 REPO = Path(__file__).resolve().parents[1]
 
-# A load is timed up to a first forward of 8 tokens, which reads every weight (the tied lm_head reads
-# the whole embedding): weights that are only memory-mapped would otherwise not count as resident.
-LOAD_AND_RUN = "model = Qwen3GatedForCausalLM.from_pretrained(sys.argv[{}], dtype='auto')\nmodel(torch.arange(8)[None])"
 STEPS = {
     "import-only": "`import torch` and gated-qwen, nothing else (the floor of every row)",
     "load-bin": '`from_pretrained(arm, dtype="auto")` + one forward of 8 tokens',
     "resave": "`gated-qwen convert ARM CLEAN --gate keep` (the re-save, in process)",
     "load-safetensors": '`from_pretrained(CLEAN, dtype="auto")` + one forward of 8 tokens',
 }
+# step -> (benchmark_child step, which folder it reads): each runs alone in a fresh process
 CHILDREN = {
-    "import-only": "pass",
-    "load-bin": LOAD_AND_RUN.format(1),
-    "resave": "convert_checkpoint(sys.argv[1], sys.argv[2], gate='keep', progress=False)",
-    "load-safetensors": LOAD_AND_RUN.format(2),
+    "import-only": ("import-only", "arm"),
+    "load-bin": ("load", "arm"),
+    "resave": ("resave", "arm"),
+    "load-safetensors": ("load", "clean"),
 }
 
 
@@ -73,7 +71,7 @@ def write_released_arm(folder: Path) -> int:
 
 
 def main() -> int:
-    from gated_qwen.tools.benchmark import _PEAK_RSS, run_child
+    from gated_qwen.tools.benchmark_child import run_step
     from gated_qwen.checkpoint.outputs import scratch_folder
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -90,15 +88,11 @@ def main() -> int:
         print(f"wrote {arm}: {weight_bytes / 1e6:,.1f} MB of bf16 weights in pytorch_model.bin", file=sys.stderr)
         results = {}
         for _ in range(args.repeats):
-            for name, work in CHILDREN.items():
+            for name, (step, reads) in CHILDREN.items():
                 if name == "resave":
                     shutil.rmtree(clean, ignore_errors=True)
-                code = _PEAK_RSS + (
-                    "import json, sys, time\nimport torch\ntorch.set_grad_enabled(False)\nfrom gated_qwen import Qwen3GatedForCausalLM, convert_checkpoint\n"
-                    f"start = time.perf_counter()\n{work}\n"
-                    "print(json.dumps({'seconds': time.perf_counter() - start, 'peak_rss': peak_rss()}))"
-                )
-                results.setdefault(name, []).append(run_child(code, str(arm), str(clean)))
+                source = arm if reads == "arm" else clean
+                results.setdefault(name, []).append(run_step(step, str(source), str(clean)))
     report["weight_bytes"] = weight_bytes
     report["steps"] = {
         name: {"what": STEPS[name], "median_seconds": statistics.median(run["seconds"] for run in runs),
