@@ -11,7 +11,7 @@ def add_parser(subparsers) -> None:
         description="Stream a gated checkpoint (a released arm or one saved by gated-qwen; a folder or a hub id) "
         "tensor by tensor into a stock transformers Qwen3_5ForCausalLM checkpoint (model_type qwen3_5_text, "
         "every layer full attention), which computes the same model and loads without gated-qwen. A headwise "
-        "gate is stored elementwise (+6.8%% parameters on the released 1.7B arm). SRC is only read; DST is "
+        "gate is stored elementwise (+6.8% parameters on the released 1.7B arm). SRC is only read; DST is "
         "written atomically.",
     )
     from ._arguments import add_checkpoint_arguments
