@@ -102,6 +102,22 @@ def build_arms(options: BenchmarkOptions) -> dict[str, torch.nn.Module]:
     return {name: model.to(device=device, dtype=dtype).eval() for name, model in arms.items()}
 
 
+def parameter_counts(options: BenchmarkOptions) -> dict[str, dict[str, int]]:
+    """Parameters of each arm, whole and in the decoder layers, from the architecture alone (meta device).
+
+    >>> parameter_counts(BenchmarkOptions(size="tiny"))["parameters"]["headwise"] > parameter_counts(BenchmarkOptions(size="tiny"))["parameters"]["none"]
+    True
+    """
+    arch = architecture(options)
+    with torch.device("meta"):
+        arms = {STOCK_ARM: Qwen3ForCausalLM(Qwen3Config(**arch))}
+        arms.update({gate: Qwen3GatedForCausalLM(gated_config(arch, gate)) for gate in GATES})
+    return {
+        "parameters": {name: parameter_count(model) for name, model in arms.items()},
+        "layer_parameters": {name: layer_parameter_count(model) for name, model in arms.items()},
+    }
+
+
 def parameter_count(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
@@ -396,6 +412,7 @@ def run_benchmark(options: BenchmarkOptions, log: Callable[[str], None] = lambda
         torch.set_num_threads(options.threads)
 
     result = {"options": asdict(options), "architecture": architecture(options), "machine": machine_description(options)}
+    result.update(parameter_counts(options))  # from the architecture alone: reported whatever is skipped
     if options.models:
         log("measuring prefill and decode of the four arms")
         result["models"] = measure_models(options)
@@ -465,6 +482,15 @@ def format_markdown(result: dict) -> str:
     | arm | parameters | params / none | layer params / none | prefill b1 tokens/s | time / none | decode b1 tokens/s | time / none |
     """
     lines = []
+    if "models" not in result and "parameters" in result:  # speed skipped: the parameter counts alone
+        parameters, layer_parameters = result["parameters"], result["layer_parameters"]
+        lines += ["| arm | parameters | params / none | layer params / none |", "|---|---|---|---|"]
+        for arm in parameters:
+            lines.append(
+                f"| {ARM_LABELS[arm]} | {parameters[arm] / 1e6:.2f}M | {parameters[arm] / parameters['none']:.4f} "
+                f"| {layer_parameters[arm] / layer_parameters['none']:.4f} |"
+            )
+        lines.append("")
     if "models" in result:
         models = result["models"]
         parameters, layer_parameters, workloads = models["parameters"], models["layer_parameters"], models["workloads"]
