@@ -41,7 +41,7 @@ def analyze_model(model, tokenizer, text: str, args) -> tuple[dict, dict]:
     """All measures of one loaded model on ``text``: (the JSON-ready numbers, the tensors the figures need)."""
     import torch
 
-    from .. import analysis
+    from ..tools import analysis
     from ..errors import GatedQwenError
 
     device = next(model.parameters()).device
@@ -89,7 +89,7 @@ def analyze_model(model, tokenizer, text: str, args) -> tuple[dict, dict]:
 
 
 def _write_figures(folder: Path, numbers: dict, tensors: dict) -> list[str]:
-    from .. import analysis
+    from ..tools import analysis
 
     written = []
     analysis.plot_attention_maps(
