@@ -12,7 +12,7 @@ the gated-qwen checkpoint it came from: ``--export EXPORTED SOURCE``.
 A folder given with ``--refused`` is one vLLM must refuse: only vLLM is run on it (gated-qwen refuses it
 too, so there is nothing to compare with), and the caller's exception is recorded as its ``error``.
 
-Needs vLLM installed beside gated-qwen (README, "Serve it"). On a CPU, each tensor-parallel rank takes
+Needs vLLM installed beside gated-qwen (docs/serving.md). On a CPU, each tensor-parallel rank takes
 its own cores: ``VLLM_CPU_OMP_THREADS_BIND="0|1"`` for two ranks on a 2-core machine. Exits 1 when
 any case differs or vLLM fails on it (its error is printed and recorded), 0 when all agree.
 """

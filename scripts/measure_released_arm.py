@@ -9,9 +9,11 @@ as transformers 4.x wrote it), then, each in a fresh Python that reports its own
   resave           convert_checkpoint(arm, clean, gate="keep")   (gated-qwen convert ARM CLEAN --gate keep)
   load-safetensors Qwen3GatedForCausalLM.from_pretrained(clean, dtype="auto"), then one forward of 8 tokens
 
-and prints each one's seconds and peak RSS, also as a multiple of the bf16 weights' size.
+and prints each one's seconds and peak RSS, also as a multiple of the bf16 weights' size. Writes
+``results.json`` (every run, the machine and package versions) and ``results.md`` (the table) into
+``--results-dir`` (default ``results/released_arm``).
 
-    python scripts/measure_released_arm.py [--repeats 3] [--scratch DIR]
+    python scripts/measure_released_arm.py [--repeats 3] [--scratch DIR] [--results-dir DIR]
 """
 
 from __future__ import annotations
@@ -23,16 +25,22 @@ import statistics
 import sys
 from pathlib import Path
 
+from _results import describe, new_report, write_results
+
 REPO = Path(__file__).resolve().parents[1]
 
-# A load is timed up to a first forward of 8 tokens, which reads every weight (the tied lm_head reads
-# the whole embedding): weights that are only memory-mapped would otherwise not count as resident.
-LOAD_AND_RUN = "model = Qwen3GatedForCausalLM.from_pretrained(sys.argv[{}], dtype='auto')\nmodel(torch.arange(8)[None])"
+STEPS = {
+    "import-only": "`import torch` and gated-qwen, nothing else (the floor of every row)",
+    "load-bin": '`from_pretrained(arm, dtype="auto")` + one forward of 8 tokens',
+    "resave": "`gated-qwen convert ARM CLEAN --gate keep` (the re-save, in process)",
+    "load-safetensors": '`from_pretrained(CLEAN, dtype="auto")` + one forward of 8 tokens',
+}
+# step -> (benchmark_child step, which folder it reads): each runs alone in a fresh process
 CHILDREN = {
-    "import-only": "pass",
-    "load-bin": LOAD_AND_RUN.format(1),
-    "resave": "convert_checkpoint(sys.argv[1], sys.argv[2], gate='keep', progress=False)",
-    "load-safetensors": LOAD_AND_RUN.format(2),
+    "import-only": ("import-only", "arm"),
+    "load-bin": ("load", "arm"),
+    "resave": ("resave", "arm"),
+    "load-safetensors": ("load", "clean"),
 }
 
 
@@ -63,13 +71,15 @@ def write_released_arm(folder: Path) -> int:
 
 
 def main() -> int:
-    from gated_qwen.tools.benchmark import _PEAK_RSS, run_child
+    from gated_qwen.tools.benchmark_child import run_step
     from gated_qwen.checkpoint.outputs import scratch_folder
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3, help="runs of each child (default 3); the median is shown")
     parser.add_argument("--scratch", help="where to write the 3.4 GB arm and its re-saved copy (default: a temporary folder)")
+    parser.add_argument("--results-dir", default="results/released_arm", help="where results.json/.md go")
     args = parser.parse_args()
+    report = new_report("released_arm", repeats=args.repeats)
 
     # A 3.4 GB folder: one that a killed run left behind is removed by the next run (gated_qwen.checkpoint.outputs).
     with scratch_folder(args.scratch, name="released-arm") as scratch:
@@ -78,22 +88,37 @@ def main() -> int:
         print(f"wrote {arm}: {weight_bytes / 1e6:,.1f} MB of bf16 weights in pytorch_model.bin", file=sys.stderr)
         results = {}
         for _ in range(args.repeats):
-            for name, work in CHILDREN.items():
+            for name, (step, reads) in CHILDREN.items():
                 if name == "resave":
                     shutil.rmtree(clean, ignore_errors=True)
-                code = _PEAK_RSS + (
-                    "import json, sys, time\nimport torch\ntorch.set_grad_enabled(False)\nfrom gated_qwen import Qwen3GatedForCausalLM, convert_checkpoint\n"
-                    f"start = time.perf_counter()\n{work}\n"
-                    "print(json.dumps({'seconds': time.perf_counter() - start, 'peak_rss': peak_rss()}))"
-                )
-                results.setdefault(name, []).append(run_child(code, str(arm), str(clean)))
-        print(f"| step | median seconds | peak RSS (MB) | peak RSS / bf16 weights ({weight_bytes / 1e6:,.0f} MB) |")
-        print("|---|---|---|---|")
-        for name, runs in results.items():
-            seconds = statistics.median(run["seconds"] for run in runs)
-            peak = max(run["peak_rss"] for run in runs)
-            print(f"| {name} | {seconds:.2f} | {peak / 1e6:,.0f} | {peak / weight_bytes:.3f} |")
+                source = arm if reads == "arm" else clean
+                results.setdefault(name, []).append(run_step(step, str(source), str(clean)))
+    report["weight_bytes"] = weight_bytes
+    report["steps"] = {
+        name: {"what": STEPS[name], "median_seconds": statistics.median(run["seconds"] for run in runs),
+               "peak_rss_bytes": max(run["peak_rss"] for run in runs), "runs": runs}
+        for name, runs in results.items()
+    }
+    table = markdown_table(report)
+    print(table)
+    print(f"wrote {write_results(args.results_dir, report, table)}/results.json and results.md", file=sys.stderr)
     return 0
+
+
+def markdown_table(report: dict) -> str:
+    weight_bytes = report["weight_bytes"]
+    lines = [
+        f"A random headwise arm of the released size in the released layout ({weight_bytes / 1e6:,.0f} MB of bf16 "
+        "weights in one `pytorch_model.bin` written by `torch.save`), each step in a fresh Python reporting its own "
+        f"peak resident memory (VmHWM, imports included); median seconds and largest peak of {report['repeats']} runs.",
+        "",
+        "| step | what | seconds | peak RSS (MB) | peak RSS / bf16 weights |",
+        "|---|---|---|---|---|",
+    ]
+    for name, step in report["steps"].items():
+        peak = step["peak_rss_bytes"]
+        lines.append(f"| {name} | {step['what']} | {step['median_seconds']:.2f} | {peak / 1e6:,.0f} | {peak / weight_bytes:.3f} |")
+    return "\n".join(lines) + "\n\n" + describe(report) + "\n"
 
 
 if __name__ == "__main__":

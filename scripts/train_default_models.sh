@@ -9,5 +9,5 @@ PY=${PY:-python}
 COMMON=(--train-file data/stdlib_docstrings/train.jsonl --heldout-file data/stdlib_docstrings/heldout.jsonl
         --config configs/small_4M.json --seq-len 256 --batch-size 16 --max-tokens 2000000 --lr 2e-3
         --warmup-steps 50 --eval-every 50 --eval-rows 64 --save-every 200 --seed 0 --threads 2 --no-progress)
-"$PY" scripts/train.py "${COMMON[@]}" --gate headwise --vocab-size 4096 --out runs/headwise
-"$PY" scripts/train.py "${COMMON[@]}" --gate none --tokenizer runs/headwise/tokenizer --out runs/baseline
+"$PY" -m gated_qwen train "${COMMON[@]}" --gate headwise --vocab-size 4096 --out runs/headwise
+"$PY" -m gated_qwen train "${COMMON[@]}" --gate none --tokenizer runs/headwise/tokenizer --out runs/baseline

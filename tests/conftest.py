@@ -1,7 +1,7 @@
 """Fixtures: tiny checkpoints in the released layout and tokenizers, built by the tests.
 
 The released-layout writer below lays a checkpoint out as the arms of ``QwQZh/gated_attention``
-really are on the hub (``shared/RELEASED_FORMAT.md``): config.json says ``model_type "qwen2"``
+really are on the hub (``docs/released-format.md``): config.json says ``model_type "qwen2"``
 with transformers 4.x and Qwen2-era keys, ``head_dim`` absent where it is hidden / heads,
 ``attention_bias`` disagreeing with ``qkv_bias``; the weights are one ``pytorch_model.bin``; the
 authors' two Python files lie beside them (here: files that raise if imported). It assembles q_proj
@@ -124,7 +124,7 @@ def write_released_checkpoint(
         gate_rows = [rand(g, hidden, scale=gate_scale) for _ in range(H)]
         query_bias = [rand(D) for _ in range(H)]
         gate_bias = [rand(g) for _ in range(H)]
-        # RELEASED_FORMAT.md: for kv head k, the queries of heads k*G..k*G+G-1, then their gates.
+        # docs/released-format.md: for kv head k, the queries of heads k*G..k*G+G-1, then their gates.
         rows, bias = [], []
         for k in range(K):
             heads = range(k * G, k * G + G)

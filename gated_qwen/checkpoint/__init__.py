@@ -4,38 +4,48 @@ output writer every command that writes goes through (:mod:`~gated_qwen.checkpoi
 from .formats import (
     AUXILIARY_FILES,
     CONFIG_NAME,
-    HUB_KWARGS,
     PICKLE_WEIGHTS_INDEX_NAME,
     PICKLE_WEIGHTS_NAME,
     SAFE_WEIGHTS_INDEX_NAME,
     SAFE_WEIGHTS_NAME,
+    SAFETENSORS_CODES,
     SAFETENSORS_DTYPES,
     CheckpointHeader,
     CheckpointTensors,
     StoredTensor,
     TensorInfo,
-    checkpoint_folder,
     load_pickle_weights,
     local_weight_files,
-    read_checkpoint_header,
-    read_config_json,
     read_json,
-    read_source_checkpoint,
     read_weight_file_header,
-    resolve_weight_files,
     split_into_shards,
     weights_format,
     write_safetensors,
     write_safetensors_checkpoint,
 )
-from .validation import check_layer_count, check_loaded_weights, check_q_proj_layout, check_weights_match_config, weight_disagreements
+from .sources import (
+    HUB_KWARGS,
+    checkpoint_folder,
+    hub_weight_files,
+    read_checkpoint_header,
+    read_config_json,
+    read_source_checkpoint,
+    resolve_weight_files,
+)
+from .validation import (
+    check_layer_count,
+    check_loaded_weights,
+    check_q_proj_layout,
+    check_weights_match_config,
+    weight_disagreements,
+)
 from .outputs import OutputError, OutputFolder, output_file, scratch_folder, write_text
 
 __all__ = [
     "AUXILIARY_FILES", "CONFIG_NAME", "HUB_KWARGS", "PICKLE_WEIGHTS_INDEX_NAME", "PICKLE_WEIGHTS_NAME",
-    "SAFE_WEIGHTS_INDEX_NAME", "SAFE_WEIGHTS_NAME", "SAFETENSORS_DTYPES", "CheckpointHeader", "CheckpointTensors",
+    "SAFE_WEIGHTS_INDEX_NAME", "SAFE_WEIGHTS_NAME", "SAFETENSORS_CODES", "SAFETENSORS_DTYPES", "CheckpointHeader", "CheckpointTensors",
     "OutputError", "OutputFolder", "StoredTensor", "TensorInfo", "check_layer_count", "check_loaded_weights", "check_q_proj_layout", "check_weights_match_config", "checkpoint_folder",
     "load_pickle_weights", "local_weight_files", "output_file", "read_checkpoint_header", "read_config_json",
-    "read_json", "read_source_checkpoint", "read_weight_file_header", "resolve_weight_files", "scratch_folder",
+    "read_json", "hub_weight_files", "read_source_checkpoint", "read_weight_file_header", "resolve_weight_files", "scratch_folder",
     "split_into_shards", "weight_disagreements", "weights_format", "write_safetensors", "write_safetensors_checkpoint", "write_text",
 ]

@@ -2,7 +2,8 @@
 
 ``convert``, ``train`` (its ``--out``, checkpoints, ``final/``, ``summary.json``), ``analyze`` and ``bench``
 write through :class:`OutputFolder` (a folder) or :func:`output_file` / :func:`write_text` (a file); a new
-command does the same (the example below). The rules, which README states once for all commands:
+command does the same (the example below). The rules, which the documentation's "Writing outputs" page
+(``docs/outputs.md``) states once for all commands:
 
 * **Where.** DST is resolved first: ``~``, a relative path, ``.``, and symbolic links. A link (also one
   that points nowhere yet) is followed: the output is written where it points, and the link itself is

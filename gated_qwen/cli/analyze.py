@@ -8,7 +8,7 @@ from pathlib import Path
 
 
 def add_parser(subparsers) -> None:
-    from ..utils.names import DEVICES, DTYPES
+    from ._arguments import add_device_and_dtype, add_model_source, number
 
     parser = subparsers.add_parser(
         "analyze",
@@ -22,20 +22,16 @@ def add_parser(subparsers) -> None:
     source.add_argument("--text", metavar="FILE", help="a UTF-8 text file: perplexity over all of it, the other measures on its first --max-tokens tokens")
     source.add_argument("--prompt", metavar="TEXT", help="a text to analyze (its perplexity too)")
     parser.add_argument("--compare", nargs="+", default=[], metavar="MODEL", help="more models to put in the same table and figures")
-    parser.add_argument(
-        "--subfolder", nargs="+", default=[""], metavar="S",
-        help="folder inside the repo or path: one for all models, or one per model in order (MODEL, then --compare)",
-    )
+    add_model_source(parser, several=True)
     parser.add_argument("--out", default="analysis", metavar="DIR", help="output folder: missing or empty unless --overwrite (default: ./analysis)")
     parser.add_argument("--overwrite", action="store_true", help="replace the contents of a non-empty --out")
     parser.add_argument("--layers", type=int, nargs="+", metavar="L", help="layers whose attention maps to draw (default: first, middle, last)")
-    parser.add_argument("--max-tokens", type=int, default=256, help="tokens of the text the gates, sinks and activations are measured on (default 256)")
-    parser.add_argument("--skip-queries", type=int, default=0, help="leave the first N queries out of the first-token attention (default 0)")
-    parser.add_argument("--context", type=int, default=512, help="perplexity window in tokens (default 512)")
-    parser.add_argument("--stride", type=int, default=None, help="perplexity window step (default context/2)")
-    parser.add_argument("--batch-size", type=int, default=4, help="perplexity windows per forward (default 4)")
-    parser.add_argument("--dtype", default="float32", choices=list(DTYPES), help="dtype to run in (default float32)")
-    parser.add_argument("--device", default="auto", choices=DEVICES, help="auto: cuda, then mps, then cpu")
+    parser.add_argument("--max-tokens", type=number(int, 1), default=256, help="tokens of the text the gates, sinks and activations are measured on (default 256)")
+    parser.add_argument("--skip-queries", type=number(int, 0), default=0, help="leave the first N queries out of the first-token attention (default 0)")
+    parser.add_argument("--context", type=number(int, 2), default=512, help="perplexity window in tokens (default 512)")
+    parser.add_argument("--stride", type=number(int, 1), default=None, help="perplexity window step (default context/2)")
+    parser.add_argument("--batch-size", type=number(int, 1), default=4, help="perplexity windows per forward (default 4)")
+    add_device_and_dtype(parser, dtype_default="float32", dtype_help="dtype to run in (default float32)")
     parser.add_argument("--no-plots", action="store_true", help="write the JSON only (no matplotlib needed)")
     parser.add_argument("--verbose", action="store_true", help="show transformers' log messages and progress bars")
     parser.set_defaults(run=run)
@@ -45,7 +41,7 @@ def analyze_model(model, tokenizer, text: str, args) -> tuple[dict, dict]:
     """All measures of one loaded model on ``text``: (the JSON-ready numbers, the tensors the figures need)."""
     import torch
 
-    from .. import analysis
+    from ..tools import analysis
     from ..errors import GatedQwenError
 
     device = next(model.parameters()).device
@@ -93,7 +89,7 @@ def analyze_model(model, tokenizer, text: str, args) -> tuple[dict, dict]:
 
 
 def _write_figures(folder: Path, numbers: dict, tensors: dict) -> list[str]:
-    from .. import analysis
+    from ..tools import analysis
 
     written = []
     analysis.plot_attention_maps(
@@ -135,13 +131,10 @@ def run(args) -> int:
     from ..utils.names import model_label
     from ..checkpoint.outputs import OutputFolder
     from ..utils.verbosity import quiet_transformers
-    from ._arguments import check_at_least
+    from ._arguments import subfolders_per_model
 
-    check_at_least(args, {"batch_size": 1, "max_tokens": 1, "context": 2, "stride": 1, "skip_queries": 0})
     models = [args.model, *args.compare]
-    if len(args.subfolder) not in (1, len(models)):
-        raise GatedQwenError(f"--subfolder takes one folder for all models or one per model ({len(models)}), not {len(args.subfolder)}")
-    subfolders = args.subfolder * len(models) if len(args.subfolder) == 1 else args.subfolder
+    subfolders = subfolders_per_model(args.subfolder, models)
     if args.text is not None:
         try:
             text = Path(args.text).read_text(encoding="utf-8")
@@ -150,8 +143,8 @@ def run(args) -> int:
     else:
         text = args.prompt
     for model_name, subfolder in zip(models, subfolders):  # every source checked before any model is loaded
-        local_checkpoint_folder(model_name, subfolder)
-        check_tokenizer_files(model_name, subfolder)
+        local_checkpoint_folder(model_name, subfolder, args.revision)
+        check_tokenizer_files(model_name, subfolder, args.revision)
     output = OutputFolder(args.out, overwrite=args.overwrite)  # checked before any model is loaded
     if not args.no_plots:
         from ..tools.analysis import _pyplot
@@ -164,9 +157,11 @@ def run(args) -> int:
         label = model_label(model_name, subfolder, taken)
         print(f"analyzing {label} ({model_name}{' / ' + subfolder if subfolder else ''})", file=sys.stderr)
         with quiet_transformers(args.verbose):
-            model, tokenizer = load_model_and_tokenizer(model_name, subfolder=subfolder, device=args.device, dtype=args.dtype)
+            model, tokenizer = load_model_and_tokenizer(
+                model_name, subfolder=subfolder, revision=args.revision, device=args.device, dtype=args.dtype
+            )
         numbers[label], tensors[label] = analyze_model(model, tokenizer, text, args)
-        numbers[label]["source"] = {"model": model_name, "subfolder": subfolder}
+        numbers[label]["source"] = {"model": model_name, "subfolder": subfolder, "revision": args.revision}
         del model
 
     with output as staging:  # --out is put in place whole at the end, or left as it was (gated_qwen.checkpoint.outputs)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 def add_parser(subparsers) -> None:
     from ..utils.names import CHECKPOINT_CONVERSION_GATES, CONVERSION_INITS
-    from ._checkpoint_arguments import add_checkpoint_arguments
+    from ._arguments import add_checkpoint_arguments
 
     parser = subparsers.add_parser(
         "convert",
@@ -39,7 +39,7 @@ def add_parser(subparsers) -> None:
 
 def run(args) -> int:
     from ..transforms.conversion import convert_checkpoint
-    from ._checkpoint_arguments import checkpoint_options, written
+    from ._arguments import checkpoint_options, written
 
     result = convert_checkpoint(args.src, args.dst, gate=args.gate, init=args.init, **checkpoint_options(args))
     how = f"{result.gate} gate kept" if args.gate == "keep" else f"{args.gate} gate, {args.init} init"

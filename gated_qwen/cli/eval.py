@@ -6,8 +6,7 @@ import sys
 
 
 def add_parser(subparsers) -> None:
-    from ..utils.names import DEVICES, DTYPES
-    from ._arguments import number
+    from ._arguments import add_device_and_dtype, add_model_source, number
 
     parser = subparsers.add_parser(
         "eval",
@@ -18,19 +17,14 @@ def add_parser(subparsers) -> None:
     )
     parser.add_argument("model", metavar="MODEL", help="a checkpoint folder or a hub id")
     parser.add_argument("--compare", nargs="+", default=[], metavar="MODEL", help="more models for the same table")
-    parser.add_argument(
-        "--subfolder", nargs="+", default=[""], metavar="S",
-        help="folder inside the repo or path: one for all models, or one per model in order (MODEL, then --compare)",
-    )
-    parser.add_argument("--revision", default=None, help="hub branch, tag or commit (all models)")
+    add_model_source(parser, several=True)
     parser.add_argument("--tasks", required=True, metavar="T1,T2", help="comma-separated harness tasks, e.g. mmlu,hellaswag,gsm8k")
     parser.add_argument("--include-path", action="append", default=[], metavar="DIR", help="a folder of task YAML files (repeatable)")
     parser.add_argument("--num-fewshot", type=number(int, 0), metavar="K", help="few-shot examples (default: each task's own)")
     parser.add_argument("--limit", type=number(float, 0, low_open=True), metavar="N",
                         help="documents per task (N >= 1), or a share of them (0 < N < 1); default: all")
     parser.add_argument("--batch-size", type=number(int, 1), default=1, metavar="N", help="requests per forward (default 1)")
-    parser.add_argument("--device", default="auto", choices=DEVICES, help="auto: cuda, then mps, then cpu")
-    parser.add_argument("--dtype", default="auto", choices=DTYPES, help="auto: the checkpoint's dtype")
+    add_device_and_dtype(parser)
     parser.add_argument("--output-path", metavar="DIR", help="write results.json (every number) and results.md (the table) here")
     parser.add_argument("--overwrite", action="store_true", help="replace results already in --output-path")
     parser.add_argument("--log-samples", action="store_true", help="keep each document's model outputs in results.json")
@@ -44,14 +38,13 @@ def run(args) -> int:
     from ..tools.generation import check_tokenizer_files, load_model_and_tokenizer, local_checkpoint_folder
     from ..utils.names import model_label
     from ..utils.verbosity import quiet_transformers
+    from ._arguments import subfolders_per_model
 
     tasks = [task.strip() for task in args.tasks.split(",") if task.strip()]
     if not tasks:
         raise GatedQwenError("--tasks names no task; give e.g. --tasks hellaswag,mmlu")
     models = [args.model, *args.compare]
-    if len(args.subfolder) not in (1, len(models)):
-        raise GatedQwenError(f"--subfolder takes one folder for all models or one per model ({len(models)}), not {len(args.subfolder)}")
-    subfolders = args.subfolder * len(models) if len(args.subfolder) == 1 else args.subfolder
+    subfolders = subfolders_per_model(args.subfolder, models)
     limit = int(args.limit) if args.limit is not None and args.limit >= 1 else args.limit
     output = output_folder(args.output_path, args.overwrite) if args.output_path else None
     # Everything that can be checked is checked before the first model loads: tasks, then every source.

@@ -11,10 +11,10 @@ def add_parser(subparsers) -> None:
         description="Stream a gated checkpoint (a released arm or one saved by gated-qwen; a folder or a hub id) "
         "tensor by tensor into a stock transformers Qwen3_5ForCausalLM checkpoint (model_type qwen3_5_text, "
         "every layer full attention), which computes the same model and loads without gated-qwen. A headwise "
-        "gate is stored elementwise (+6.8%% parameters on the released 1.7B arm). SRC is only read; DST is "
+        "gate is stored elementwise (+6.8% parameters on the released 1.7B arm). SRC is only read; DST is "
         "written atomically.",
     )
-    from ._checkpoint_arguments import add_checkpoint_arguments
+    from ._arguments import add_checkpoint_arguments
 
     add_checkpoint_arguments(
         parser,
@@ -28,7 +28,7 @@ def add_parser(subparsers) -> None:
 
 def run(args) -> int:
     from ..transforms.export import export_checkpoint
-    from ._checkpoint_arguments import checkpoint_options, written
+    from ._arguments import checkpoint_options, written
 
     result = export_checkpoint(args.src, args.dst, to=args.to, **checkpoint_options(args))
     print(f"wrote {written(result)} ({result.to})")

@@ -15,7 +15,8 @@ def _unescape(text: str) -> str:
 
 
 def add_parser(subparsers) -> None:
-    from ._arguments import number
+    from ..utils.names import ATTENTION_IMPLEMENTATIONS
+    from ._arguments import add_device_and_dtype, add_model_source, number
 
     parser = subparsers.add_parser(
         "generate",
@@ -30,13 +31,11 @@ def add_parser(subparsers) -> None:
         metavar="PATH_OR_HUB_ID",
         help="checkpoint folder or hub id, e.g. QwQZh/gated_attention (default: the model embedded in this install)",
     )
-    source.add_argument("--subfolder", default="", help="folder inside the repo or path, e.g. 1B_gate_headwise")
-    source.add_argument("--revision", default=None, help="hub branch, tag or commit")
+    add_model_source(source, what="--model")
     source.add_argument("--tokenizer", metavar="PATH_OR_HUB_ID", help="load the tokenizer from here instead")
-    source.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda or mps")
-    source.add_argument("--dtype", default="auto", help="auto (the checkpoint's), float32, bfloat16 or float16")
+    add_device_and_dtype(source)
     source.add_argument(
-        "--attn", default=None, help="eager, sdpa, flex_attention or flash_attention_2 (default: transformers' choice)"
+        "--attn", default=None, choices=ATTENTION_IMPLEMENTATIONS, help="attention implementation (default: transformers' choice)"
     )
     inputs = parser.add_argument_group("prompts")
     inputs.add_argument("--prompts-file", metavar="PATH", help="a file with one prompt per line ('-': stdin)")

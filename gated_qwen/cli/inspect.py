@@ -6,6 +6,8 @@ import json
 
 
 def add_parser(subparsers) -> None:
+    from ._arguments import add_model_source
+
     parser = subparsers.add_parser(
         "inspect",
         help="describe a checkpoint without loading its weights",
@@ -15,8 +17,7 @@ def add_parser(subparsers) -> None:
         "only the file sizes can be had without the download; the parameter count then comes from the config.",
     )
     parser.add_argument("checkpoint", metavar="PATH_OR_HUB_ID", help="a checkpoint folder or a hub id")
-    parser.add_argument("--subfolder", default="", help="folder inside the repo or path, e.g. 1B_gate_headwise")
-    parser.add_argument("--revision", default=None, help="hub branch, tag or commit")
+    add_model_source(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     parser.set_defaults(run=run)
 

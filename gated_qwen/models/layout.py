@@ -1,7 +1,7 @@
 """The released q_proj row layout: where the gate logits sit among the query rows.
 
 The gate has no tensor of its own in the released checkpoints: it is extra output rows of
-``q_proj``, grouped by key/value head (see ``shared/RELEASED_FORMAT.md``)::
+``q_proj``, grouped by key/value head (see ``docs/released-format.md``, the released checkpoint format)::
 
     for each kv head k:  [ queries of its G heads (G*D rows) | gate logits of its G heads (G*g rows) ]
 

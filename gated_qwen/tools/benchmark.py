@@ -21,13 +21,10 @@ that copies the same files, and ``from_pretrained`` of a gated checkpoint beside
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import platform
 import shutil
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -103,6 +100,22 @@ def build_arms(options: BenchmarkOptions) -> dict[str, torch.nn.Module]:
     stock.load_state_dict(arms["none"].state_dict())
     arms = {STOCK_ARM: stock, **arms}
     return {name: model.to(device=device, dtype=dtype).eval() for name, model in arms.items()}
+
+
+def parameter_counts(options: BenchmarkOptions) -> dict[str, dict[str, int]]:
+    """Parameters of each arm, whole and in the decoder layers, from the architecture alone (meta device).
+
+    >>> parameter_counts(BenchmarkOptions(size="tiny"))["parameters"]["headwise"] > parameter_counts(BenchmarkOptions(size="tiny"))["parameters"]["none"]
+    True
+    """
+    arch = architecture(options)
+    with torch.device("meta"):
+        arms = {STOCK_ARM: Qwen3ForCausalLM(Qwen3Config(**arch))}
+        arms.update({gate: Qwen3GatedForCausalLM(gated_config(arch, gate)) for gate in GATES})
+    return {
+        "parameters": {name: parameter_count(model) for name, model in arms.items()},
+        "layer_parameters": {name: layer_parameter_count(model) for name, model in arms.items()},
+    }
 
 
 def parameter_count(model: torch.nn.Module) -> int:
@@ -291,55 +304,11 @@ def measure_loading(options: BenchmarkOptions, checkpoints: dict[str, Path]) -> 
     }
 
 
-# Each child prints one JSON line: the seconds of the work itself (not of starting Python and importing
-# torch) and its own peak resident memory, imports included. The peak is VmHWM, read by the child:
-# the kernel keeps ru_maxrss across fork and exec, so getrusage or wait4 would report the benchmark
-# process's own peak (models and all) for a child that stayed far smaller.
-_PEAK_RSS = """
-def peak_rss():
-    try:
-        with open("/proc/self/status") as status:
-            return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmHWM:"))
-    except OSError:  # not Linux: ru_maxrss, in bytes on macOS
-        import resource
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-"""
-# Both children run the same script but for their work: each imports the converter, even the copy
-# that does not use it, so both clocks start the same few seconds after the previous run's files were
-# deleted. On a virtual machine that hands freed memory back to its host, that delay decides whether
-# new page-cache pages are still backed or must be faulted in again, which measured here as 0.13 s
-# against 0.9 s for the same 433 MB copy.
-_CHILD_WORK = {
-    "copy": "shutil.copytree(sys.argv[1], sys.argv[2]); extra = {}",
-    "convert": 'extra = {"bytes": convert_checkpoint(sys.argv[1], sys.argv[2], gate="headwise", progress=False).total_size}',
-}
-_CHILD = _PEAK_RSS + """
-import json, shutil, sys, time
-from gated_qwen.transforms.conversion import convert_checkpoint
-import_peak_rss = peak_rss()  # what Python, torch and transformers take before any work
-start = time.perf_counter()
-WORK
-seconds = time.perf_counter() - start
-print(json.dumps({"seconds": seconds, "peak_rss": peak_rss(), "import_peak_rss": import_peak_rss, **extra}))
-"""
-
-
-def run_child(code: str, *args: str) -> dict:
-    """Run ``code`` in a fresh Python and return the JSON object it prints last.
-
-    >>> run_child("import json, sys; print(json.dumps({'args': sys.argv[1:]}))", "a")
-    {'args': ['a']}
-    """
-    process = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True)
-    if process.returncode:
-        message = process.stderr.strip().splitlines()[-1:] or ["no message"]
-        raise GatedQwenError(f"a benchmark child process failed (exit {process.returncode}): {message[0]}")
-    return json.loads(process.stdout.strip().splitlines()[-1])
-
 
 def measure_conversion(options: BenchmarkOptions, stock: Path, folder: Path) -> dict:
     """``convert_checkpoint`` of the stock checkpoint beside ``shutil.copytree`` of it, each in a child process."""
     from ..checkpoint.formats import local_weight_files, read_local_safetensors_header
+    from .benchmark_child import run_step
 
     largest = max(
         info.nbytes
@@ -352,7 +321,7 @@ def measure_conversion(options: BenchmarkOptions, stock: Path, folder: Path) -> 
         shutil.rmtree(target, ignore_errors=True)
         if hasattr(os, "sync"):
             os.sync()  # the previous run's writeback would otherwise fall on this one
-        outcome = run_child(_CHILD.replace("WORK", _CHILD_WORK[kind]), str(stock), str(target))
+        outcome = run_step(kind, str(stock), str(target))  # in a process of its own: its own peak memory
         shutil.rmtree(target)
         return outcome
 
@@ -443,6 +412,7 @@ def run_benchmark(options: BenchmarkOptions, log: Callable[[str], None] = lambda
         torch.set_num_threads(options.threads)
 
     result = {"options": asdict(options), "architecture": architecture(options), "machine": machine_description(options)}
+    result.update(parameter_counts(options))  # from the architecture alone: reported whatever is skipped
     if options.models:
         log("measuring prefill and decode of the four arms")
         result["models"] = measure_models(options)
@@ -512,6 +482,15 @@ def format_markdown(result: dict) -> str:
     | arm | parameters | params / none | layer params / none | prefill b1 tokens/s | time / none | decode b1 tokens/s | time / none |
     """
     lines = []
+    if "models" not in result and "parameters" in result:  # speed skipped: the parameter counts alone
+        parameters, layer_parameters = result["parameters"], result["layer_parameters"]
+        lines += ["| arm | parameters | params / none | layer params / none |", "|---|---|---|---|"]
+        for arm in parameters:
+            lines.append(
+                f"| {ARM_LABELS[arm]} | {parameters[arm] / 1e6:.2f}M | {parameters[arm] / parameters['none']:.4f} "
+                f"| {layer_parameters[arm] / layer_parameters['none']:.4f} |"
+            )
+        lines.append("")
     if "models" in result:
         models = result["models"]
         parameters, layer_parameters, workloads = models["parameters"], models["layer_parameters"], models["workloads"]

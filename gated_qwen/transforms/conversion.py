@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import copy
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,18 +33,8 @@ from torch import nn
 from transformers import Qwen3ForCausalLM, Qwen3ForSequenceClassification, Qwen3Model
 from transformers.utils import logging
 
-from ..checkpoint.formats import (
-    AUXILIARY_FILES,
-    SAFETENSORS_CODES,
-    SAFETENSORS_DTYPES,
-    CheckpointTensors,
-    TensorInfo,
-    read_source_checkpoint,
-    write_safetensors_checkpoint,
-)
-from ..checkpoint.validation import check_weights_match_config
-from ..models.qwen3_gated.configuration_qwen3_gated import Qwen3GatedConfig, normalize_config_dict
-from ..utils.devices import resolve_dtype
+from ..checkpoint import check_weights_match_config
+from ..models.qwen3_gated.configuration_qwen3_gated import Qwen3GatedConfig
 from ..errors import CheckpointError, GatedQwenError
 from ..models.layout import gate_dim, merge_query_and_gate, split_query_and_gate
 from ..models.qwen3_gated.modeling_qwen3_gated import (
@@ -55,7 +44,7 @@ from ..models.qwen3_gated.modeling_qwen3_gated import (
     Qwen3GatedPreTrainedModel,
 )
 from ..utils.names import CHECKPOINT_CONVERSION_GATES, CONVERSION_GATES, CONVERSION_INITS
-from ..checkpoint.outputs import OutputFolder
+from .pipeline import TensorMapping, source_config_from_dict, transform_checkpoint
 
 logger = logging.get_logger(__name__)
 
@@ -102,16 +91,6 @@ def gated_config_from_dict(config_dict: dict, gate: str, source: str = "the mode
             "elementwise_attn_output_gate": gate == "elementwise",
         }
     )
-
-
-def source_config_from_dict(config_dict: dict, source: str = "the model") -> Qwen3GatedConfig:
-    """Read a Qwen3 or Qwen3Gated config dict as a Qwen3GatedConfig, with one clear error otherwise."""
-    config_dict = normalize_config_dict(config_dict, source)
-    try:
-        return Qwen3GatedConfig.from_dict(config_dict)
-    except Exception as error:  # strict dataclass validation raises several error types
-        reason = " ".join(str(error).split())  # validation messages span lines; the CLI prints one
-        raise CheckpointError(f"the config of {source} is not a valid Qwen3 config: {reason}") from None
 
 
 def grow_q_proj(query: torch.Tensor, config: Qwen3GatedConfig, init: str = "identity") -> torch.Tensor:
@@ -290,110 +269,61 @@ def convert_checkpoint(
     """
     _check_choice(gate, CHECKPOINT_GATES, "gate")
     _check_choice(init, INITS, "init")
-    target_dtype = resolve_dtype(dtype)
-    target_dtype = None if target_dtype == "auto" else target_dtype  # None: keep each tensor's dtype
-    output = OutputFolder(dst, overwrite=overwrite)  # refuses a bad DST now, before any reading
-    dst = output.destination
+    configs = {}
 
-    header = read_source_checkpoint(src, subfolder, revision, dst, "converted checkpoint")
-    folder, source = Path(header.source), header.source
-    source_config = source_config_from_dict(header.config, source)
-    check_weights_match_config(source_config, header.tensors, source)
-    config = source_config if gate == "keep" else gated_config_from_dict(header.config, gate, source)
-    gated_class = GATED_CLASS_FOR_ARCHITECTURE.get((header.config.get("architectures") or ["Qwen3ForCausalLM"])[0])
-    if gated_class is None:
-        raise CheckpointError(
-            f"{source} is a {header.config['architectures'][0]}; only Qwen3ForCausalLM, "
-            "Qwen3ForSequenceClassification and Qwen3Model checkpoints can be converted"
-        )
-    config.architectures = [gated_class.__name__]
-    if target_dtype is not None:
-        config.dtype = target_dtype
-
-    def transform(name: str, tensor: torch.Tensor) -> torch.Tensor:
-        return tensor if gate == "keep" else convert_tensor(name, tensor, config, init)
-
-    tensors = CheckpointTensors(header.files)
-    plan, unchanged = _plan_tensors(header.tensors, config, gated_class, transform, target_dtype, source)
-
-    def produce(name: str):
-        stored = tensors.stored(name) if name in unchanged else None
-        if stored is not None:
-            return stored  # copied byte for byte, unread
-        tensor = tensors.get(name)
+    def check_config(config_dict: dict, source: str, target_dtype) -> None:  # before any weight is fetched
+        source_config = source_config_from_dict(config_dict, source)
+        config = source_config if gate == "keep" else gated_config_from_dict(config_dict, gate, source)
+        architecture = (config_dict.get("architectures") or ["Qwen3ForCausalLM"])[0]
+        gated_class = GATED_CLASS_FOR_ARCHITECTURE.get(architecture)
+        if gated_class is None:
+            raise CheckpointError(
+                f"{source} is a {architecture}; only Qwen3ForCausalLM, "
+                "Qwen3ForSequenceClassification and Qwen3Model checkpoints can be converted"
+            )
+        config.architectures = [gated_class.__name__]
         if target_dtype is not None:
-            tensor = tensor.to(target_dtype)  # before the conversion, so the scaling happens in the stored dtype
-        return transform(name, tensor)
+            config.dtype = target_dtype
+        configs.update(source=source_config, target=config, gated_class=gated_class)
 
-    with output as staging:  # written whole into a staging folder, put in place at the end (gated_qwen.checkpoint.outputs)
-        files = write_safetensors_checkpoint(staging, plan, produce, max_shard_size, progress, description="converting")
-        config.save_pretrained(staging)
-        for name in AUXILIARY_FILES:
-            _copy(folder / name, staging / name)
+    def build(header, target_dtype) -> TensorMapping:
+        check_weights_match_config(configs["source"], header.tensors, header.source)
+        config, gated_class = configs["target"], configs["gated_class"]
+        with torch.device("meta"):
+            skeleton = gated_class(config)
+        # A tied lm_head is not saved by transformers, and is ignored on loading if a checkpoint has it.
+        tied = set(skeleton.all_tied_weights_keys)
+        return TensorMapping(
+            map_tensor=lambda name, tensor: [(name, tensor if gate == "keep" else convert_tensor(name, tensor, config, init))],
+            target_shapes={name: tuple(t.shape) for name, t in skeleton.state_dict().items() if name not in tied},
+            not_saved=tied,
+            write_config=config.save_pretrained,
+            advice="check num_hidden_layers, tie_word_embeddings and attention_bias against the weights",
+        )
 
-        max_difference = _max_logit_difference(gated_class, folder, staging) if verify else None
+    written = transform_checkpoint(
+        src,
+        dst,
+        build,
+        output_name="converted checkpoint",
+        description="converting",
+        check_config=check_config,
+        verify=(lambda source, converted: _max_logit_difference(configs["gated_class"], source, converted)) if verify else None,
+        dtype=dtype,
+        max_shard_size=max_shard_size,
+        overwrite=overwrite,
+        revision=revision,
+        subfolder=subfolder,
+        progress=progress,
+    )
     return ConversionResult(
-        path=dst,
-        files=files,
-        total_size=sum(info.nbytes for info in plan.values()),
-        max_difference=max_difference,
-        gate=config.gate_type if gate == "keep" else gate,
+        path=written.path,
+        files=written.files,
+        total_size=written.plan.total_size,
+        max_difference=written.max_difference,
+        gate=configs["target"].gate_type if gate == "keep" else gate,
         init=init,
     )
-
-
-def _plan_tensors(
-    tensors: dict[str, TensorInfo], config: Qwen3GatedConfig, gated_class, transform, target_dtype, source: str
-) -> tuple[dict[str, TensorInfo], set[str]]:
-    """Name, shape and dtype of every tensor to write, checked against the model the config describes,
-    and the names of those that ``transform`` leaves exactly as stored."""
-    with torch.device("meta"):
-        skeleton = gated_class(config)
-    expected = {name: tuple(t.shape) for name, t in skeleton.state_dict().items()}
-    # A tied lm_head is not saved by transformers, and is ignored on loading if a checkpoint has it.
-    tied = set(skeleton.all_tied_weights_keys)
-    names = [name for name in tensors if name not in tied]
-    if len(names) < len(tensors):
-        logger.info(f"{source}: not writing {', '.join(sorted(tied & tensors.keys()))}, tied to the embedding")
-    missing = sorted(expected.keys() - set(names) - tied)
-    extra = sorted(set(names) - expected.keys())
-    if missing or extra:
-        problems = "; ".join(
-            f"{what}: {', '.join(found[:3])}" + (f" and {len(found) - 3} more" if len(found) > 3 else "")
-            for what, found in (("missing", missing), ("unexpected", extra))
-            if found
-        )
-        raise CheckpointError(
-            f"{source} does not hold the weights its config describes ({problems}); "
-            "check num_hidden_layers, tie_word_embeddings and attention_bias against the weights"
-        )
-    plan, unchanged = {}, set()
-    for name in names:
-        info = tensors[name]
-        if info.dtype not in SAFETENSORS_DTYPES or not SAFETENSORS_DTYPES[info.dtype].is_floating_point:
-            raise CheckpointError(f"{source}: {name} is stored as {info.dtype}; only floating-point Qwen3 weights can be converted")
-        probe = torch.empty(info.shape, device="meta")
-        try:
-            # the conversion run on a meta tensor: the output shape, without touching any data
-            converted = transform(name, probe)
-        except ValueError:
-            converted = None
-        if converted is None or tuple(converted.shape) != expected[name]:
-            raise CheckpointError(
-                f"{source}: {name} has shape {tuple(info.shape)}, which does not fit its config "
-                f"(the gated model expects {expected[name]} after conversion)"
-            )
-        plan[name] = TensorInfo(expected[name], SAFETENSORS_CODES[target_dtype] if target_dtype is not None else info.dtype)
-        if converted is probe and plan[name].dtype == info.dtype:
-            unchanged.add(name)
-    return plan, unchanged
-
-
-def _copy(source: Path, target: Path) -> None:
-    if source.is_dir():
-        shutil.copytree(source, target)
-    elif source.is_file():
-        shutil.copyfile(source, target)
 
 
 def _max_logit_difference(gated_class, source: Path, converted: Path) -> float:

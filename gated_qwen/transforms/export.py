@@ -37,24 +37,11 @@ from pathlib import Path
 import torch
 from transformers.utils import logging
 
-from ..checkpoint.formats import (
-    AUXILIARY_FILES,
-    CONFIG_NAME,
-    SAFETENSORS_CODES,
-    SAFETENSORS_DTYPES,
-    CheckpointTensors,
-    TensorInfo,
-    read_config_json,
-    read_source_checkpoint,
-    write_safetensors_checkpoint,
-)
-from ..checkpoint.validation import check_weights_match_config
+from ..checkpoint import CONFIG_NAME, check_weights_match_config
 from ..models.qwen3_gated.configuration_qwen3_gated import Qwen3GatedConfig
-from .conversion import _copy, source_config_from_dict
-from ..utils.devices import resolve_dtype
+from .pipeline import TensorMapping, source_config_from_dict, transform_checkpoint
 from ..errors import CheckpointError, GatedQwenError
 from ..models.layout import gate_dim, split_query_and_gate
-from ..checkpoint.outputs import OutputFolder
 
 logger = logging.get_logger(__name__)
 
@@ -299,104 +286,70 @@ def export_checkpoint(
     """
     if to not in TARGETS:
         raise GatedQwenError(f"unknown export target {to!r}; choose one of {', '.join(TARGETS)}")
-    target_dtype = resolve_dtype(dtype)
-    target_dtype = None if target_dtype == "auto" else target_dtype
-    output = OutputFolder(dst, overwrite=overwrite)  # refuses a bad DST now, before any reading
-    dst = output.destination
+    exported = {}
 
-    # The config first (on the hub: config.json alone), so that a refusal comes before any download.
-    config_dict = read_config_json(src, subfolder, revision)
-    source = str(Path(src) / subfolder) if subfolder else str(src)
-    exported_config = qwen3_5_config(config_dict, source, target_dtype)
-    architecture = (config_dict.get("architectures") or ["Qwen3ForCausalLM"])[0]
-    if not architecture.endswith("ForCausalLM"):
-        raise CheckpointError(f"{source} is a {architecture}; only causal language models (...ForCausalLM) can be exported")
+    def check_config(config_dict: dict, source: str, target_dtype) -> None:  # before any weight is fetched
+        exported["config"] = qwen3_5_config(config_dict, source, target_dtype)
+        architecture = (config_dict.get("architectures") or ["Qwen3ForCausalLM"])[0]
+        if not architecture.endswith("ForCausalLM"):
+            raise CheckpointError(f"{source} is a {architecture}; only causal language models (...ForCausalLM) can be exported")
+        exported["source_config"] = source_config_from_dict(config_dict, source)
 
-    header = read_source_checkpoint(src, subfolder, revision, dst, "export")
-    folder = Path(header.source)
-    source_tensors = header.tensors
-    config = source_config_from_dict(config_dict, source)
-    check_weights_match_config(config, source_tensors, source)
-
-    plan, origin, unchanged = _plan_export(source_tensors, config, exported_config, target_dtype, source)
-    tensors = CheckpointTensors(header.files)
     rounding = NormRounding()
 
-    def produce(name: str):
-        source_name = origin[name]
-        stored = tensors.stored(source_name) if source_name in unchanged else None
-        if stored is not None:
-            return stored  # copied byte for byte, unread
-        tensor = tensors.get(source_name)
-        if target_dtype is not None:
-            tensor = tensor.to(target_dtype)  # before the mapping: norms are checked in the stored dtype
-        (out,) = [t for n, t in export_tensor(source_name, tensor, config) if n == name]
-        if is_norm_weight(source_name):
-            rounding.add(source_name, tensor, out)
-        return out
+    def build(header, target_dtype) -> TensorMapping:
+        from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
-    with output as staging:  # written whole into a staging folder, put in place at the end (gated_qwen.checkpoint.outputs)
-        files = write_safetensors_checkpoint(staging, plan, produce, max_shard_size, progress, description="exporting")
-        (staging / CONFIG_NAME).write_text(json.dumps(exported_config, indent=2, sort_keys=True) + "\n")
-        for name in AUXILIARY_FILES:
-            _copy(folder / name, staging / name)
-        max_difference = max_logit_difference(folder, staging) if verify else None
+        config, exported_config = exported["source_config"], exported["config"]
+        check_weights_match_config(config, header.tensors, header.source)
+        with torch.device("meta"):
+            target = Qwen3_5ForCausalLM(Qwen3_5TextConfig.from_dict(exported_config))
+        not_saved = {"lm_head.weight"} if exported_config["tie_word_embeddings"] else set()
+
+        def observe(source_name: str, tensor: torch.Tensor, name: str, out: torch.Tensor) -> None:
+            if is_norm_weight(source_name):
+                rounding.add(source_name, tensor, out)
+
+        return TensorMapping(
+            map_tensor=lambda name, tensor: export_tensor(name, tensor, config),
+            target_shapes={name: tuple(t.shape) for name, t in target.state_dict().items() if name not in not_saved},
+            not_saved=not_saved,
+            write_config=lambda folder: (folder / CONFIG_NAME).write_text(json.dumps(exported_config, indent=2, sort_keys=True) + "\n"),
+            observe=observe,
+            advice="check num_hidden_layers, tie_word_embeddings and the gate keys against the weights",
+        )
+
+    written = transform_checkpoint(
+        src,
+        dst,
+        build,
+        output_name="export",
+        description="exporting",
+        check_config=check_config,
+        verify=max_logit_difference if verify else None,
+        dtype=dtype,
+        max_shard_size=max_shard_size,
+        overwrite=overwrite,
+        revision=revision,
+        subfolder=subfolder,
+        progress=progress,
+    )
+    source = written.header.source
     if rounding.rounded:
-        logger.warning(rounding.message(source, exported_config["dtype"]))
+        logger.warning(rounding.message(source, exported["config"]["dtype"]))
+    tied = exported["source_config"].tie_word_embeddings
     return ExportResult(
-        path=dst,
-        files=files,
-        total_size=sum(info.nbytes for info in plan.values()),
+        path=written.path,
+        files=written.files,
+        total_size=written.plan.total_size,
         source_parameters=sum(
-            info.numel for name, info in source_tensors.items() if not (name == "lm_head.weight" and config.tie_word_embeddings)
+            info.numel for name, info in written.header.tensors.items() if not (name == "lm_head.weight" and tied)
         ),
-        exported_parameters=sum(info.numel for info in plan.values()),
+        exported_parameters=sum(info.numel for info in written.plan.specs.values()),
         norm_rounding=rounding,
-        max_difference=max_difference,
+        max_difference=written.max_difference,
         to=to,
     )
-
-
-def _plan_export(source_tensors: dict[str, TensorInfo], config, exported_config: dict, target_dtype, source: str):
-    """Name, shape and dtype of every tensor to write, checked against transformers' Qwen3_5ForCausalLM
-    built from the exported config; the source tensor each comes from; the source tensors copied as stored."""
-    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
-
-    with torch.device("meta"):
-        expected_model = Qwen3_5ForCausalLM(Qwen3_5TextConfig.from_dict(exported_config))
-    expected = {name: tuple(t.shape) for name, t in expected_model.state_dict().items()}
-    if exported_config["tie_word_embeddings"]:
-        expected.pop("lm_head.weight", None)  # not saved: tied to the embedding
-    plan, origin, unchanged = {}, {}, set()
-    for name, info in source_tensors.items():
-        dtype = SAFETENSORS_DTYPES.get(info.dtype)
-        if dtype is None or not dtype.is_floating_point:
-            raise CheckpointError(f"{source}: {name} is stored as {info.dtype}; only floating-point weights can be exported")
-        probe = torch.empty(info.shape, dtype=target_dtype or dtype, device="meta")
-        try:
-            outputs = export_tensor(name, probe, config)
-        except ValueError as error:
-            raise CheckpointError(
-                f"{source}: {name} has shape {tuple(info.shape)}, which does not fit its config ({error})"
-            ) from None
-        for out_name, out in outputs:
-            plan[out_name] = TensorInfo(tuple(out.shape), SAFETENSORS_CODES[out.dtype])
-            origin[out_name] = name
-            if out is probe and out.dtype == dtype:
-                unchanged.add(name)
-    missing, extra = sorted(expected.keys() - plan.keys()), sorted(plan.keys() - expected.keys())
-    wrong = sorted(n for n in expected.keys() & plan.keys() if plan[n].shape != expected[n])
-    if missing or extra or wrong:
-        problems = "; ".join(
-            f"{what}: {', '.join(found[:3])}" + (f" and {len(found) - 3} more" if len(found) > 3 else "")
-            for what, found in (("missing", missing), ("unexpected", extra), ("wrong shape", wrong))
-            if found
-        )
-        raise CheckpointError(
-            f"{source} does not hold the weights its config describes ({problems}); "
-            "check num_hidden_layers, tie_word_embeddings and the gate keys against the weights"
-        )
-    return plan, origin, unchanged
 
 
 def max_logit_difference(source: str | os.PathLike, exported: str | os.PathLike) -> float:

@@ -7,17 +7,17 @@ from conftest import tiny_config
 from safetensors.torch import save_file
 import torch
 
-from gated_qwen.checkpoint.formats import (
+from gated_qwen.checkpoint import (
     CheckpointTensors,
     TensorInfo,
     load_pickle_weights,
     local_weight_files,
     read_checkpoint_header,
-    read_local_safetensors_offsets,
     resolve_weight_files,
     write_safetensors_checkpoint,
 )
 from gated_qwen.checkpoint import check_q_proj_layout
+from gated_qwen.checkpoint.formats import read_local_safetensors_offsets
 from gated_qwen.errors import CheckpointError
 
 

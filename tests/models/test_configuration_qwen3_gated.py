@@ -88,7 +88,7 @@ def test_a_genuine_qwen2_config_is_refused_naming_what_it_is(tmp_path):
     [("1B_baseline", "none", 1720.8e6), ("1B_gate_headwise", "headwise", 1721.8e6), ("1B_gate_elementwise", "elementwise", 1728.2e6)],
 )
 def test_released_arm_configs_give_the_measured_parameter_counts(name, gate, parameters):
-    """configs/1B_*.json against the parameter counts measured on the downloaded arms (RELEASED_FORMAT.md)."""
+    """configs/1B_*.json against the parameter counts measured on the downloaded arms (docs/released-format.md)."""
     import torch
     from pathlib import Path
 

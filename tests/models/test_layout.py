@@ -11,7 +11,7 @@ from gated_qwen.models.layout import (
 
 
 def spec_rows(num_heads, num_kv_heads, head_dim, g):
-    """Row labels in the order RELEASED_FORMAT.md lists them: ("q", head, i) or ("g", head, i)."""
+    """Row labels in the order docs/released-format.md lists them: ("q", head, i) or ("g", head, i)."""
     group = num_heads // num_kv_heads
     rows = []
     for k in range(num_kv_heads):

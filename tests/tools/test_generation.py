@@ -36,7 +36,10 @@ def checkpoint(tmp_path_factory) -> Path:
 
 
 def run_generate(capsys, *args) -> tuple[int, str, str]:
-    code = main(["generate", *map(str, args)])
+    try:
+        code = main(["generate", *map(str, args)])
+    except SystemExit as stop:  # a usage error, which argparse has printed
+        code = stop.code
     out, err = capsys.readouterr()
     return code, out, err
 
@@ -231,12 +234,12 @@ def test_tokenizer_larger_than_the_vocabulary(tmp_path, capsys):
 
 def test_bad_dtype(checkpoint, capsys):
     code, out, err = run_generate(capsys, "--model", checkpoint, "--dtype", "float8", "Hello")
-    assert_one_line_error(code, out, err, "unknown dtype 'float8'", "bfloat16")
+    assert_one_line_error(code, out, err, "--dtype: invalid choice: 'float8'", "bfloat16")
 
 
 def test_bad_device_and_attention_names(checkpoint, capsys):
-    assert_one_line_error(*run_generate(capsys, "--model", checkpoint, "--device", "tpu", "x"), "unknown device 'tpu'")
-    assert_one_line_error(*run_generate(capsys, "--model", checkpoint, "--attn", "fast", "x"), "unknown attention 'fast'")
+    assert_one_line_error(*run_generate(capsys, "--model", checkpoint, "--device", "tpu", "x"), "--device: invalid choice: 'tpu'")
+    assert_one_line_error(*run_generate(capsys, "--model", checkpoint, "--attn", "fast", "x"), "--attn: invalid choice: 'fast'", "sdpa")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message where CUDA is missing")

@@ -144,7 +144,7 @@ def test_in_memory_grown_q_proj_is_in_released_layout():
     gated = convert_qwen3_to_gated(stock, gate="headwise")
     stock_q, gated_q = stock.model.layers[0].self_attn.q_proj, gated.model.layers[0].self_attn.q_proj
     D, G = 8, 2
-    # RELEASED_FORMAT.md: per kv head k, the G heads' queries (G*D rows), then their G gate rows
+    # docs/released-format.md: per kv head k, the G heads' queries (G*D rows), then their G gate rows
     for k in range(2):
         block = gated_q.weight[k * (G * D + G) : (k + 1) * (G * D + G)]
         assert torch.equal(block[: G * D], stock_q.weight[k * G * D : (k + 1) * G * D])
@@ -379,9 +379,15 @@ def fake_hub(monkeypatch, snapshot: Path, listing: dict[str, int]):
     def fake_list_repo_tree(self, repo_id, path_in_repo=None, revision=None, **kwargs):
         return [SimpleNamespace(path=path, size=size) for path, size in listing.items()]
 
+    def fake_hf_hub_download(repo_id, filename, subfolder=None, revision=None, **kwargs):
+        assert filename == "config.json", filename  # the one file fetched alone: convert checks the config first
+        calls.append((repo_id, revision, [f"{subfolder}/{filename}"]))
+        return str(snapshot / (subfolder or "") / filename)
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_hf_hub_download)
     monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot_download)
     monkeypatch.setattr(huggingface_hub.HfApi, "list_repo_tree", fake_list_repo_tree)
-    monkeypatch.setattr("gated_qwen.checkpoint.formats.resolve_source", lambda *args: None)  # the hub probe (tests/checkpoint/test_hub.py)
+    monkeypatch.setattr("gated_qwen.checkpoint.sources.resolve_source", lambda *args: None)  # the hub probe (tests/checkpoint/test_hub.py)
     return calls
 
 
@@ -391,7 +397,8 @@ def test_hub_source_downloads_only_needed_files(tmp_path, monkeypatch):
     calls = fake_hub(monkeypatch, tmp_path / "snapshot", listing)
     result = convert_checkpoint("owner/model", tmp_path / "gated", subfolder="arm", revision="v1", progress=False)
     assert (result.path / "config.json").is_file()
-    ((repo_id, revision, patterns),) = calls
+    (config_call, (repo_id, revision, patterns)) = calls
+    assert config_call == ("owner/model", "v1", ["arm/config.json"])
     assert (repo_id, revision) == ("owner/model", "v1")
     assert all(pattern.startswith("arm/") for pattern in patterns)
     wanted = ("arm/config.json", "arm/model-00001-of-00002.safetensors", "arm/tokenizer.json", "arm/chat_template.jinja")
@@ -406,7 +413,7 @@ def test_hub_released_arm_downloads_its_bin_and_no_code(tmp_path, monkeypatch):
     listing = {f"1B_gate_headwise/{p.name}": p.stat().st_size for p in (tmp_path / "snapshot" / "1B_gate_headwise").iterdir()}
     calls = fake_hub(monkeypatch, tmp_path / "snapshot", listing)
     result = convert_checkpoint("QwQZh/gated_attention", tmp_path / "clean", gate="keep", subfolder="1B_gate_headwise", progress=False)
-    ((_, _, patterns),) = calls
+    (_, (_, _, patterns)) = calls
     fetched = sorted(name for name in listing if any(fnmatch(name, pattern) for pattern in patterns))
     assert fetched == [f"1B_gate_headwise/{n}" for n in ("config.json", "generation_config.json", "pytorch_model.bin",
                                                           "tokenizer.json", "tokenizer_config.json", "vocab.json")]

@@ -271,7 +271,7 @@ def test_mrope_sections_cover_every_frequency_evenly(head_dim):
 
 @pytest.mark.parametrize("gate", ["headwise", "elementwise"])
 def test_q_proj_is_laid_out_per_head_as_query_then_gate(tmp_path, gate):
-    # Against the rows the fixture wrote per head (from RELEASED_FORMAT.md), not against gated_qwen.models.layout.
+    # Against the rows the fixture wrote per head (from docs/released-format.md), not against gated_qwen.models.layout.
     spec = write_released_checkpoint(tmp_path, gate=gate, num_attention_heads=4, num_key_value_heads=2, head_dim=8)
     name = "model.layers.1.self_attn.q_proj.weight"
     ((out_name, q_proj),) = export_tensor(name, spec["tensors"][name], tiny_config(gate=gate))
@@ -328,7 +328,7 @@ def test_export_warns_about_norm_weights_that_round(tmp_path, caplog, capsys):
 
 
 def test_parameter_growth_of_the_released_headwise_arm():
-    # RELEASED_FORMAT.md: vocabulary 152064, 28 layers, hidden 2048, 16 query / 8 kv heads of 128, MLP 6144, tied
+    # docs/released-format.md: vocabulary 152064, 28 layers, hidden 2048, 16 query / 8 kv heads of 128, MLP 6144, tied
     released = {"model_type": "qwen3", "vocab_size": 152064, "hidden_size": 2048, "intermediate_size": 6144,
                 "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
                 "tie_word_embeddings": True}  # fmt: skip
@@ -475,7 +475,7 @@ def test_hub_source_downloads_config_weights_and_tokenizer_but_no_code(tmp_path,
     monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot_download)
     monkeypatch.setattr(huggingface_hub.HfApi, "list_repo_tree",
                         lambda self, repo_id, path_in_repo=None, **k: [SimpleNamespace(path=p, size=n) for p, n in listing.items()])
-    monkeypatch.setattr("gated_qwen.checkpoint.formats.resolve_source", lambda *args: None)  # the hub probe (tests/checkpoint/test_hub.py)
+    monkeypatch.setattr("gated_qwen.checkpoint.sources.resolve_source", lambda *args: None)  # the hub probe (tests/checkpoint/test_hub.py)
     result = export_checkpoint("owner/model", tmp_path / "out", subfolder="arm", revision="v1", progress=False)
     assert (result.path / "tokenizer.json").is_file() and (result.path / "chat_template.jinja").is_file()
     (config_call, (_, repo_id, revision, patterns)) = calls

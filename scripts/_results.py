@@ -1,0 +1,124 @@
+"""Shared by the measuring scripts: what machine and versions a result was measured with, and writing it.
+
+A measurement lives in ``results/<topic>/`` as ``results.json`` (every number, the command, the machine)
+and ``results.md`` (the table the documentation includes), both written by the script that measured it.
+Imports neither torch nor transformers (the versions come from the installed distributions), so that a
+script timing start-up can use it too.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import tempfile
+from importlib import metadata
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("torch", "transformers", "safetensors", "accelerate", "huggingface_hub")
+
+
+def _version(distribution: str) -> str | None:
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def package_versions() -> dict[str, str | None]:
+    """Versions of gated-qwen and the packages its measurements depend on (None: not installed)."""
+    versions = {name: _version(name) for name in PACKAGES}
+    gated_qwen = _version("gated-qwen")
+    if gated_qwen is None:  # run from a checkout on PYTHONPATH: the package's own version (a torch-free import)
+        sys.path.insert(0, str(ROOT))
+        import gated_qwen
+
+        gated_qwen = gated_qwen.__version__
+    return {"gated-qwen": gated_qwen, **versions}
+
+
+def machine() -> dict:
+    """CPU model, cores, memory, OS, Python, the load average now, and the time (UTC)."""
+    cpu = platform.processor() or platform.machine()
+    memory_gb = None
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                memory_gb = round(int(line.split()[1]) / 1024**2, 1)
+                break
+    except OSError:
+        pass
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory_gb": memory_gb,
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def git_commit() -> str | None:
+    result = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT, check=False)
+    return result.stdout.strip() or None
+
+
+def command_line() -> str:
+    """The command that ran this script, as typed from the repository root."""
+    script = Path(sys.argv[0]).resolve()
+    try:
+        script = script.relative_to(ROOT)
+    except ValueError:
+        pass
+    return shlex.join(["python", str(script), *sys.argv[1:]])
+
+
+def describe(report: dict) -> str:
+    """One markdown paragraph: the command, the machine and the versions a report was measured with."""
+    m, v = report["machine"], report["versions"]
+    load = m.get("load_average")
+    return (
+        f"Measured with `{report['command']}` on {m['cpu']} ({m['cores']} cores, {m['memory_gb']} GB"
+        + (f", load average {load[0]:.1f} at the start" if load else "")
+        + f"), {m['os']}; Python {m['python']}, "
+        + ", ".join(f"{name} {version}" for name, version in v.items() if version)
+        + f"; {m['utc']}."
+    )
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=path.parent, prefix=f".{path.name}.", delete=False) as f:
+        f.write(text)
+    os.replace(f.name, path)
+
+
+def write_results(folder: str | os.PathLike, report: dict, markdown: str) -> Path:
+    """Write ``results.json`` and ``results.md`` into ``folder``; each file is whole, old or new."""
+    import json
+
+    folder = Path(folder)
+    _write_atomically(folder / "results.json", json.dumps(report, indent=2) + "\n")
+    _write_atomically(folder / "results.md", markdown)
+    return folder
+
+
+def new_report(topic: str, **fields) -> dict:
+    """The common head of every report: topic, command, machine, versions, git commit; then ``fields``."""
+    return {
+        "topic": topic,
+        "command": command_line(),
+        "machine": machine(),
+        "versions": package_versions(),
+        "git_commit": git_commit(),
+        **fields,
+    }
