@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import json
-import runpy
 import shutil
 import subprocess
 import sys
@@ -21,7 +20,6 @@ from gated_qwen.tools import generation
 from gated_qwen.utils import devices
 from gated_qwen.cli import main
 
-REPO = Path(__file__).resolve().parents[2]
 PROMPTS = ["Hello world", "def add(a, b):\n    return", "The gate"]
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
 
@@ -287,14 +285,6 @@ def test_pipeline_takes_a_released_arm_loaded_by_this_package(checkpoint):
     pipe = transformers.pipeline("text-generation", model=model, tokenizer=tokenizer)
     text = pipe(PROMPTS[2], max_new_tokens=8, do_sample=False)[0]["generated_text"]
     assert text == PROMPTS[2] + reference_completion(checkpoint, PROMPTS[2], 8)
-
-
-def test_script_is_the_command(checkpoint, capsys, monkeypatch):
-    monkeypatch.setattr(sys, "argv", ["generate.py", "--model", str(checkpoint), "--max-new-tokens", "6", PROMPTS[0]])
-    with pytest.raises(SystemExit) as exit_info:
-        runpy.run_path(str(REPO / "scripts" / "generate.py"), run_name="__main__")
-    assert exit_info.value.code == 0
-    assert capsys.readouterr().out == PROMPTS[0] + reference_completion(checkpoint, PROMPTS[0], 6) + "\n"
 
 
 def test_installed_console_script(checkpoint):

@@ -34,7 +34,6 @@ from gated_qwen.cli import main
 from gated_qwen.errors import CheckpointError, GatedQwenError
 from gated_qwen.models.layout import split_query_and_gate
 
-REPO = Path(__file__).resolve().parents[2]
 CHAT_TEMPLATE = "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}"
 
 
@@ -611,10 +610,10 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     assert exit_info.value.code == 2 and "invalid choice: 'zeros'" in capsys.readouterr().err
 
 
-def test_script_is_the_cli(tmp_path):
+def test_module_is_the_cli(tmp_path):
     source = write_stock_checkpoint(tmp_path / "stock")
     completed = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "convert_qwen3_to_gated.py"), str(source), str(tmp_path / "gated"), "--quiet"],
+        [sys.executable, "-m", "gated_qwen", "convert", str(source), str(tmp_path / "gated"), "--quiet"],
         capture_output=True,
         text=True,
     )
