@@ -12,10 +12,13 @@ import pytest
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 from transformers.models.qwen3 import modeling_qwen3
+from transformers.utils import is_kernels_available
 
 from gated_qwen import Qwen3GatedConfig, Qwen3GatedForCausalLM
 from gated_qwen.models.qwen3_gated.modeling_qwen3_gated import Qwen3GatedAttention
 
+# transformers uses `kernels` only in the versions it supports (5.25: 0.19.x; 5.19: 0.17.x): else use_kernels refuses
+needs_kernels = pytest.mark.skipif(not is_kernels_available(), reason="no `kernels` release this transformers supports")
 SIZES = dict(vocab_size=99, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, head_dim=8)
 
@@ -39,13 +42,16 @@ def test_kernelize_sees_in_the_gated_model_what_it_sees_in_qwen3(gate):
     gated = Qwen3GatedForCausalLM(Qwen3GatedConfig(**SIZES, **{f"{gate}_attn_output_gate": True}))
     stock = Qwen3ForCausalLM(Qwen3Config(**SIZES))
     assert kernel_points(gated) == kernel_points(stock)
-    # the attention offers its RoPE function, as Qwen3's does, and no forward to replace
-    assert kernel_points(gated)["Qwen3Attention"] == {"function rotary_pos_emb"}
+    if is_kernels_available():  # (without it transformers' kernel decorators leave the classes as they are)
+        # the attention offers its RoPE function, as Qwen3's does, and no forward to replace
+        assert kernel_points(gated)["Qwen3Attention"] == {"function rotary_pos_emb"}
 
 
+@needs_kernels
 def test_a_kernel_for_qwen3s_attention_would_not_replace_the_gated_attention(monkeypatch):
     """Should Qwen3Attention name a kernel layer one day, the gated attention (which inherits it) is skipped."""
-    kernels = pytest.importorskip("kernels")
+    import kernels
+
     monkeypatch.setattr(modeling_qwen3.Qwen3Attention, "kernel_layer_name", "Qwen3Attention", raising=False)
     model = Qwen3GatedForCausalLM(Qwen3GatedConfig(**SIZES, headwise_attn_output_gate=True)).eval()
     forwards = [layer.self_attn.forward for layer in model.model.layers]
@@ -58,9 +64,9 @@ def test_a_kernel_for_qwen3s_attention_would_not_replace_the_gated_attention(mon
     assert not Qwen3GatedAttention.kernel_condition(model.model.layers[0].self_attn)
 
 
+@needs_kernels
 @pytest.mark.parametrize("gate", ["headwise", "elementwise"])
 def test_use_kernels_on_cpu_gives_the_same_logits(tmp_path, gate):
-    pytest.importorskip("kernels")
     torch.manual_seed(0)
     Qwen3GatedForCausalLM(Qwen3GatedConfig(**SIZES, **{f"{gate}_attn_output_gate": True})).save_pretrained(tmp_path)
     with_kernels = Qwen3GatedForCausalLM.from_pretrained(tmp_path, use_kernels=True).eval()

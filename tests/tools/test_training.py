@@ -489,6 +489,7 @@ def test_resuming_a_finished_run_keeps_its_results(finished_run, tmp_path):
 
 
 def test_a_resumed_run_removes_the_checkpoint_a_killed_run_was_writing(finished_run, tmp_path):
+    pytest.importorskip("matplotlib", reason="the resumed run's folder listing includes loss.png (the plot extra)")
     import shutil
     import subprocess
     import sys
