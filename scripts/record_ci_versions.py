@@ -21,7 +21,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _results import ROOT, describe, new_report, package_versions, write_results  # noqa: E402
+from _results import ROOT, describe, new_report, package_versions, write_results
 
 FOLDER = ROOT / "results" / "ci"
 # file of the tests -> the name the record gives their counts
