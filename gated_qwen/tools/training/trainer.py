@@ -183,7 +183,7 @@ def check_scaling_options(args: TrainingArguments, num_processes: int) -> int:
     return shards
 
 
-def _hf_arguments(args: TrainingArguments, total_steps: int):
+def _hf_arguments(args: TrainingArguments, total_steps: int, num_processes: int):
     from transformers import TrainingArguments as HFTrainingArguments
 
     fsdp_config = None
@@ -196,10 +196,13 @@ def _hf_arguments(args: TrainingArguments, total_steps: int):
         adam_beta2=args.adam_betas[1], max_grad_norm=args.max_grad_norm, lr_scheduler_type="cosine_with_min_lr",
         lr_scheduler_kwargs={"min_lr_rate": args.min_lr_rate}, warmup_steps=min(args.warmup_steps, total_steps),
         logging_strategy="steps", logging_steps=1, save_strategy="steps", save_steps=args.save_every or total_steps,
-        seed=args.seed, bf16=_precision(args), gradient_checkpointing=args.gradient_checkpointing,
+        seed=args.seed, bf16=_precision(args), activation_checkpointing=args.gradient_checkpointing,
         fsdp=args.fsdp or "", fsdp_config=fsdp_config, deepspeed=args.deepspeed, report_to=args.report_to,
         disable_tqdm=not args.progress, remove_unused_columns=False, ddp_find_unused_parameters=False,
         dataloader_num_workers=0,
+        # several processes on a machine without CUDA: without use_cpu, transformers sees no distributed mode
+        # (each process would believe it is alone); with it, accelerate runs them as MULTI_CPU over gloo
+        use_cpu=True if num_processes > 1 and not torch.cuda.is_available() else None,
     ).items() if v is not None})
 
 
@@ -255,7 +258,7 @@ def train(args: TrainingArguments, resume: str | Path | None = None) -> dict:
     else:
         _check_gate_options(args, _make_config(args, _config_values(args)).gate_type, "the model has no gate")
     total_steps = args.total_steps(num_processes)
-    hf_args = _hf_arguments(args, total_steps)
+    hf_args = _hf_arguments(args, total_steps, num_processes)
     if hf_args.world_size != num_processes:  # sets up the process group
         raise TrainingError(f"WORLD_SIZE says {num_processes} processes but {hf_args.world_size} joined; launch with torchrun or accelerate launch")
     rank, is_main = hf_args.process_index, hf_args.process_index == 0
@@ -336,8 +339,12 @@ def train(args: TrainingArguments, resume: str | Path | None = None) -> dict:
     trainer.remove_callback(PrinterCallback)
     if not args.progress:
         trainer.remove_callback(ProgressCallback)
-    trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint is not None else None)
-    step = trainer.state.global_step
+    if checkpoint is not None and step == total_steps:
+        # killed after its last checkpoint: nothing left to train (Trainer would take one more step)
+        trainer._load_from_checkpoint(str(checkpoint))
+    else:
+        trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint is not None else None)
+        step = trainer.state.global_step
 
     final = out / "final"
     model = trainer.model
