@@ -83,7 +83,10 @@ def normalize_moe_config_dict(config_dict: dict, source="the config") -> dict:
     'qwen3_moe_gated'
     """
     where = "config.json" if source == "the config" else f"the config.json of {source}"
-    check_sizes(config_dict, where, size_keys=Qwen3MoeGatedConfig.size_keys)
+    sizes = dict(config_dict)
+    if "num_local_experts" in sizes:  # transformers 5.25 writes num_experts under this name (its attribute_map)
+        sizes.setdefault("num_experts", sizes["num_local_experts"])
+    check_sizes(sizes, where, size_keys=Qwen3MoeGatedConfig.size_keys)
     if "model_type" not in config_dict:
         return config_dict
     model_type = config_dict.get("model_type")
