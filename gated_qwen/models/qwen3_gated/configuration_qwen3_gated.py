@@ -185,9 +185,15 @@ def check_model_type(config_dict: dict, source="the config") -> str:
             f"{source} is a Qwen2 model (model_type 'qwen2' without the gated-attention keys: biases on q/k/v, "
             "no QK-norm), not a gated-attention release or Qwen3; load it with transformers' Qwen2ForCausalLM"
         )
+    if model_type in ("qwen3_moe", "qwen3_moe_gated"):
+        raise CheckpointError(
+            f"{source} is a {model_type!r} model (Qwen3-MoE), not dense Qwen3 or Qwen3Gated; read it with "
+            "Qwen3MoeGatedConfig / Qwen3MoeGatedForCausalLM (AutoModelForCausalLM after `import gated_qwen`)"
+        )
     raise CheckpointError(
         f"{source} is a {model_type!r} model, not Qwen3 or Qwen3Gated; gated-qwen reads the released "
-        "gated-attention arms (model_type 'qwen2' or 'qwen3' with the gate keys), stock Qwen3 and 'qwen3_gated'"
+        "gated-attention arms (model_type 'qwen2' or 'qwen3' with the gate keys), stock Qwen3 and 'qwen3_gated', "
+        "and Qwen3-MoE ('qwen3_moe', 'qwen3_moe_gated')"
     )
 
 
