@@ -81,7 +81,10 @@ def load_documents(args: TrainingArguments, heldout: bool = False, streaming: bo
     >>> docs[0]["text"][:6]  # doctest: +SKIP
     'Record'
     """
-    import datasets
+    try:
+        import datasets
+    except ImportError:
+        raise TrainingError("training reads its text with Hugging Face datasets: pip install 'gated-qwen[train]'") from None
 
     streaming = args.streaming if streaming is None else streaming
     if heldout:
