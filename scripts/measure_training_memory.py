@@ -24,7 +24,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from _results import ROOT, describe, new_report, write_results

@@ -26,7 +26,12 @@ from itertools import chain
 
 import torch
 from datasets import load_dataset
-from transformers import AutoTokenizer, DataCollatorForLanguageModeling, Trainer, TrainingArguments
+from transformers import (
+    AutoTokenizer,
+    DataCollatorForLanguageModeling,
+    Trainer,
+    TrainingArguments,
+)
 
 from gated_qwen import Qwen3GatedForCausalLM, convert_qwen3_to_gated
 from gated_qwen.tools.training import gate_parameter_groups, merge_gate_rows

@@ -63,7 +63,10 @@ def main(out: str) -> None:
             reported /= world
         losses.append(reported.item())
     if world > 1:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+        )
 
         # the sharded parameters gathered into full tensors (as a SHARDED -> FULL state dict conversion does)
         full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))

@@ -11,13 +11,12 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from gated_qwen import Qwen3GatedForCausalLM
-from gated_qwen.models.layout import split_query_and_gate
-
 from conftest import TOKENIZER_TEXT
 from test_training import write_stock_checkpoint
 from test_training_distributed import free_port
+
+from gated_qwen import Qwen3GatedForCausalLM
+from gated_qwen.models.layout import split_query_and_gate
 
 ROOT = Path(__file__).parents[2]
 

@@ -7,12 +7,17 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import TOKENIZER_TEXT
 
 from gated_qwen.cli import main
-from gated_qwen.tools.training import PackedRows, TrainingArguments, TrainingError, load_documents, train_tokenizer
+from gated_qwen.tools.training import (
+    PackedRows,
+    TrainingArguments,
+    TrainingError,
+    load_documents,
+    train_tokenizer,
+)
 from gated_qwen.tools.training.data import shard_documents
-
-from conftest import TOKENIZER_TEXT
 
 DOCUMENTS = [f"{i}: {text}" for i in range(12) for text in TOKENIZER_TEXT]
 

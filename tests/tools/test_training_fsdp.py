@@ -12,10 +12,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_training_distributed import free_port
 
 from gated_qwen.cli import main
-
-from test_training_distributed import free_port
 
 HERE = Path(__file__).parent
 ROOT = HERE.parents[1]

@@ -24,9 +24,8 @@ reads up to it again (Trainer's ``skip_first_batches``).
 from __future__ import annotations
 
 import json
-import math
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import torch
 
