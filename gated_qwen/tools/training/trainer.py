@@ -47,12 +47,16 @@ from .reporting import append_log_row, evaluate, plot_losses, truncate_log
 
 logger = logging.get_logger(__name__)
 
-_WRAPPER_NAMES = re.compile(r"(_fsdp_wrapped_module|_checkpoint_wrapped_module|_orig_mod|module)\.")
+_WRAPPER_NAMES = re.compile(r"(^|\.)(?:_fsdp_wrapped_module|_checkpoint_wrapped_module|_orig_mod|module)\.")
 
 
 def _plain_name(name: str) -> str:
     """A parameter's name without the prefixes FSDP, activation checkpointing, compile or DDP add."""
-    return _WRAPPER_NAMES.sub("", name)
+    while True:
+        plain = _WRAPPER_NAMES.sub(r"\1", name)
+        if plain == name:
+            return plain
+        name = plain
 
 
 class GatedTrainer(Trainer):
