@@ -35,6 +35,7 @@ from transformers.utils import logging
 from ..auto import register_with_transformers
 from .configuration_qwen3_gated import Qwen3GatedConfig
 from ..layout import gate_dim, q_proj_rows, split_query_and_gate
+from ..tensor_parallel import adapt_distributed_config
 
 logger = logging.get_logger(__name__)
 
@@ -133,6 +134,14 @@ class Qwen3GatedPreTrainedModel(Qwen3PreTrainedModel):
         "hidden_states": Qwen3GatedDecoderLayer,
         "attentions": Qwen3GatedAttention,
     }
+
+    @classmethod
+    def maybe_distribute_model(cls, model, distributed_config, mesh_manager):
+        # q_proj's gate rows must stay with their kv group on each rank: the plan is checked, and transformers'
+        # unit styles (which count gate rows as heads) are swapped for ones counting kv groups (tensor_parallel.py).
+        if mesh_manager is not None:
+            distributed_config = adapt_distributed_config(model, distributed_config)
+        return super().maybe_distribute_model(model, distributed_config, mesh_manager)
 
 
 class Qwen3GatedModel(Qwen3GatedPreTrainedModel, Qwen3Model):
