@@ -7,8 +7,8 @@ import json
 
 
 def add_parser(subparsers) -> None:
-    from ..utils.names import CONVERSION_INITS, GATE_TYPES
     from ..tools.training_args import DEFAULT_VOCAB_SIZE, TRAINABLE, TrainingArguments
+    from ..utils.names import CONVERSION_INITS, GATE_TYPES
 
     defaults = TrainingArguments(train_file="", output_dir="")
     parser = subparsers.add_parser(

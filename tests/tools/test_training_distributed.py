@@ -13,12 +13,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import TOKENIZER_TEXT
 
 from gated_qwen.cli import main
 from gated_qwen.tools.training import PackedRows, load_documents, train_tokenizer
 from gated_qwen.tools.training_args import TrainingArguments
-
-from conftest import TOKENIZER_TEXT
 
 ROOT = Path(__file__).parents[2]
 TINY_CONFIG = str(ROOT / "configs" / "tiny_headwise.json")

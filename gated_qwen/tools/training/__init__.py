@@ -37,12 +37,26 @@ from .data import (
     read_heldout_rows,
     train_tokenizer,
 )
-from .groups import QueryAndGateRows, gate_parameter_groups, merge_gate_rows, parameter_groups, separate_gate_rows
-from .model_init import build_config, check_arguments, load_initial_model, read_init_config
+from .groups import (
+    QueryAndGateRows,
+    gate_parameter_groups,
+    merge_gate_rows,
+    parameter_groups,
+    separate_gate_rows,
+)
+from .model_init import (
+    build_config,
+    check_arguments,
+    load_initial_model,
+    read_init_config,
+)
 from .reporting import LOG_FIELDS, evaluate, plot_losses, unigram_perplexity
 from .trainer import GatedTrainer, train
 
 __all__ = [
+    "EOS_TOKEN",
+    "LOG_FIELDS",
+    "PAD_TOKEN",
     "GatedTrainer",
     "PackedBatches",
     "PackedRows",

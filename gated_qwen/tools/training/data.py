@@ -24,9 +24,8 @@ reads up to it again (Trainer's ``skip_first_batches``).
 from __future__ import annotations
 
 import json
-import math
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import torch
 
@@ -81,7 +80,10 @@ def load_documents(args: TrainingArguments, heldout: bool = False, streaming: bo
     >>> docs[0]["text"][:6]  # doctest: +SKIP
     'Record'
     """
-    import datasets
+    try:
+        import datasets
+    except ImportError:
+        raise TrainingError("training reads its text with Hugging Face datasets: pip install 'gated-qwen[train]'") from None
 
     streaming = args.streaming if streaming is None else streaming
     if heldout:

@@ -160,8 +160,8 @@ def load_initial_model(args: TrainingArguments):
     >>> model.config.gate_type  # doctest: +SKIP
     'headwise'
     """
-    from ...transforms.conversion import convert_qwen3_to_gated
     from ...models.qwen3_gated.modeling_qwen3_gated import Qwen3GatedForCausalLM
+    from ...transforms.conversion import convert_qwen3_to_gated
 
     model = Qwen3GatedForCausalLM.from_pretrained(
         args.init_from, subfolder=args.init_from_subfolder, revision=args.init_from_revision, dtype=torch.float32

@@ -22,24 +22,41 @@ import torch
 from transformers import Trainer, TrainerCallback
 from transformers.utils import logging
 
-from ...errors import GatedQwenError
 from ...checkpoint.outputs import OutputFolder, write_text
+from ...errors import GatedQwenError
 from ..training_args import DEFAULT_VOCAB_SIZE, TrainingArguments, TrainingError
 from . import checkpoints as ckpt
-from .data import PackedRows, iter_texts, load_documents, read_heldout_rows, train_tokenizer
+from .data import (
+    PackedRows,
+    iter_texts,
+    load_documents,
+    read_heldout_rows,
+    train_tokenizer,
+)
 from .groups import merge_gate_rows, parameter_groups
-from .model_init import _check_gate_options, _config_values, _make_config, build_config, check_arguments
-from .model_init import load_initial_model, read_init_config
+from .model_init import (
+    _check_gate_options,
+    _config_values,
+    _make_config,
+    build_config,
+    check_arguments,
+    load_initial_model,
+    read_init_config,
+)
 from .reporting import append_log_row, evaluate, plot_losses, truncate_log
 
 logger = logging.get_logger(__name__)
 
-_WRAPPER_NAMES = re.compile(r"(_fsdp_wrapped_module|_checkpoint_wrapped_module|_orig_mod|module)\.")
+_WRAPPER_NAMES = re.compile(r"(^|\.)(?:_fsdp_wrapped_module|_checkpoint_wrapped_module|_orig_mod|module)\.")
 
 
 def _plain_name(name: str) -> str:
     """A parameter's name without the prefixes FSDP, activation checkpointing, compile or DDP add."""
-    return _WRAPPER_NAMES.sub("", name)
+    while True:
+        plain = _WRAPPER_NAMES.sub(r"\1", name)
+        if plain == name:
+            return plain
+        name = plain
 
 
 class GatedTrainer(Trainer):
@@ -241,8 +258,8 @@ def train(args: TrainingArguments, resume: str | Path | None = None) -> dict:
     from transformers import AutoTokenizer, GenerationConfig
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
-    from ..generation import load_tokenizer
     from ...models.qwen3_gated.modeling_qwen3_gated import Qwen3GatedForCausalLM
+    from ..generation import load_tokenizer
 
     if args.threads:
         torch.set_num_threads(args.threads)
