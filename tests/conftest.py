@@ -314,7 +314,8 @@ def write_stock_moe_checkpoint(folder: Path, seed: int = 0, tokenizer: bool = Tr
             if name.endswith("mlp.gate.weight"):
                 parameter.copy_(torch.randn(parameter.shape, generator=generator))
             elif name.endswith("norm.weight"):
-                parameter.copy_(1 + 0.2 * torch.randn(parameter.shape, generator=generator))
+                # in [0.5, 2), where Qwen3.5's w - 1 storage is exact in bfloat16 too
+                parameter.copy_((1 + 0.2 * torch.randn(parameter.shape, generator=generator)).clamp(0.6, 1.6))
             else:
                 parameter.copy_(0.2 * torch.randn(parameter.shape, generator=generator))
     experts_chosen = routed_experts(model, torch.randint(model.config.vocab_size, (1, 24), generator=generator))

@@ -71,6 +71,23 @@ def _register_expert_storage(model_type: str) -> None:
         )
 
 
+def causal_lm_class(config_dict: dict) -> type:
+    """The gated causal-LM class that reads a checkpoint with this config.json dict: ``Qwen3MoeGatedForCausalLM``
+    for the Qwen3-MoE family (``model_type`` ``qwen3_moe`` or ``qwen3_moe_gated``), else ``Qwen3GatedForCausalLM``
+    (stock Qwen3, the released arms, ``qwen3_gated``; it refuses any other model type, naming it).
+
+    >>> causal_lm_class({"model_type": "qwen3_moe"}).__name__
+    'Qwen3MoeGatedForCausalLM'
+    """
+    if config_dict.get("model_type") in ("qwen3_moe", "qwen3_moe_gated"):
+        from .qwen3_moe_gated.modeling_qwen3_moe_gated import Qwen3MoeGatedForCausalLM
+
+        return Qwen3MoeGatedForCausalLM
+    from .qwen3_gated.modeling_qwen3_gated import Qwen3GatedForCausalLM
+
+    return Qwen3GatedForCausalLM
+
+
 def on_transformers_import(_module: ModuleType) -> None:
     """Register once transformers is imported: by importing each family's modeling module, whose last
     statement registers.
@@ -100,4 +117,4 @@ def register_with_peft(constants: ModuleType) -> None:
             table.setdefault("qwen3_moe_gated", table.get("qwen3_moe", table["qwen3"]))
 
 
-__all__ = ["MODELING_MODULES", "on_transformers_import", "register_with_peft", "register_with_transformers"]
+__all__ = ["MODELING_MODULES", "causal_lm_class", "on_transformers_import", "register_with_peft", "register_with_transformers"]

@@ -64,6 +64,17 @@ class Qwen3MoeGatedConfig(GatedAttentionConfigMixin, Qwen3MoeConfig):
         """
         return [layer for layer in range(self.num_hidden_layers) if is_sparse_layer(self, layer)]
 
+    def idle_expert_parameters(self) -> int:
+        """Parameters of the experts a token does not use: ``num_experts - num_experts_per_tok`` experts (each
+        ``3 * hidden_size * moe_intermediate_size``) in each sparse layer. Total minus this is the active count.
+
+        >>> Qwen3MoeGatedConfig(num_hidden_layers=2, hidden_size=8, moe_intermediate_size=4, num_attention_heads=2,
+        ...                     num_key_value_heads=1, num_experts=4, num_experts_per_tok=1).idle_expert_parameters()
+        576
+        """
+        per_expert = 3 * self.hidden_size * self.moe_intermediate_size
+        return len(self.sparse_layers()) * (self.num_experts - self.num_experts_per_tok) * per_expert
+
 
 def is_sparse_layer(config, layer: int) -> bool:
     """Whether Qwen3-MoE builds routed experts in ``layer`` (transformers' ``Qwen3MoeDecoderLayer`` rule)."""
