@@ -35,6 +35,11 @@ _LAZY = {
     "Qwen3GatedForSequenceClassification": "models.qwen3_gated.modeling_qwen3_gated",
     "Qwen3GatedModel": "models.qwen3_gated.modeling_qwen3_gated",
     "Qwen3GatedPreTrainedModel": "models.qwen3_gated.modeling_qwen3_gated",
+    "Qwen3MoeGatedConfig": "models.qwen3_moe_gated.configuration_qwen3_moe_gated",
+    "Qwen3MoeGatedForCausalLM": "models.qwen3_moe_gated.modeling_qwen3_moe_gated",
+    "Qwen3MoeGatedForSequenceClassification": "models.qwen3_moe_gated.modeling_qwen3_moe_gated",
+    "Qwen3MoeGatedModel": "models.qwen3_moe_gated.modeling_qwen3_moe_gated",
+    "Qwen3MoeGatedPreTrainedModel": "models.qwen3_moe_gated.modeling_qwen3_moe_gated",
     "convert_checkpoint": "transforms.conversion",
     "convert_qwen3_to_gated": "transforms.conversion",
     "export_checkpoint": "transforms.export",
@@ -62,6 +67,7 @@ for _old, _new in LEGACY_MODULES.items():
 # module is imported: one entry per family. Before the transformers hook below, which may import the module.
 STRICT_LOADING = {
     "gated_qwen.models.qwen3_gated.modeling_qwen3_gated": "Qwen3GatedPreTrainedModel",
+    "gated_qwen.models.qwen3_moe_gated.modeling_qwen3_moe_gated": "Qwen3MoeGatedPreTrainedModel",
 }
 
 
@@ -80,7 +86,7 @@ when_imported("peft.utils.constants", register_with_peft)
 
 def __getattr__(name: str):
     if name in _LAZY:
-        import_module(".models.qwen3_gated.modeling_qwen3_gated", __name__)  # registers with the Auto classes
+        import_module(".models.qwen3_gated.modeling_qwen3_gated", __name__)  # registers every family with the Auto classes
         value = getattr(import_module(f".{_LAZY[name]}", __name__), name)
         globals()[name] = value
         return value

@@ -25,6 +25,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 
 PROMPTS = ["The gate scales each head", "def add(a, b):", "Hello world. Hello gated attention."]
 
@@ -33,9 +34,11 @@ def gated_qwen_greedy(folder: str, prompt_ids: list[list[int]], max_new_tokens: 
     """gated-qwen's own greedy continuation of each prompt, one prompt at a time (no padding)."""
     import torch
 
-    from gated_qwen import Qwen3GatedForCausalLM
+    from gated_qwen import Qwen3GatedForCausalLM, Qwen3MoeGatedForCausalLM
 
-    model = Qwen3GatedForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype)).eval()
+    moe = json.loads((Path(folder) / "config.json").read_text()).get("model_type") in ("qwen3_moe", "qwen3_moe_gated")
+    model_class = Qwen3MoeGatedForCausalLM if moe else Qwen3GatedForCausalLM
+    model = model_class.from_pretrained(folder, dtype=getattr(torch, dtype)).eval()
     continuations = []
     for ids in prompt_ids:
         inputs = torch.tensor([ids])

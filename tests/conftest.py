@@ -248,3 +248,100 @@ def released_checkpoint(tmp_path):
 @pytest.fixture
 def tiny_tokenizer(tmp_path):
     return write_tiny_tokenizer(tmp_path / "tokenizer")
+
+
+# ----------------------------------------------------------------------------------------------
+# Tiny stock Qwen3-MoE checkpoints (issue 23), written by transformers' own Qwen3MoeForCausalLM.save_pretrained:
+# the expert storage on disk is whatever the installed transformers writes.
+
+
+def tiny_moe_config_dict(
+    num_hidden_layers: int = 2,
+    num_experts: int = 4,
+    num_experts_per_tok: int = 2,
+    mlp_only_layers: list[int] | None = None,
+    norm_topk_prob: bool = True,
+    tie_word_embeddings: bool = False,
+    vocab_size: int = 320,
+    hidden_size: int = 32,
+    num_attention_heads: int = 4,
+    num_key_value_heads: int = 2,
+    head_dim: int = 8,
+    **extra,
+) -> dict:
+    """A stock Qwen3-MoE config.json's dict of a tiny model: 4 experts, 2 per token, a dense MLP of a different
+    width (``intermediate_size``) than the experts' (``moe_intermediate_size``) so that a dense layer among the
+    sparse ones (``mlp_only_layers``) has shapes of its own."""
+    return {
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "model_type": "qwen3_moe",
+        "vocab_size": vocab_size,
+        "hidden_size": hidden_size,
+        "intermediate_size": 3 * hidden_size,
+        "moe_intermediate_size": hidden_size // 2,
+        "num_hidden_layers": num_hidden_layers,
+        "num_attention_heads": num_attention_heads,
+        "num_key_value_heads": num_key_value_heads,
+        "head_dim": head_dim,
+        "num_experts": num_experts,
+        "num_experts_per_tok": num_experts_per_tok,
+        "norm_topk_prob": norm_topk_prob,
+        "mlp_only_layers": mlp_only_layers or [],
+        "decoder_sparse_step": 1,
+        "max_position_embeddings": 128,
+        "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": tie_word_embeddings,
+        "eos_token_id": 0,
+        **extra,
+    }
+
+
+def write_stock_moe_checkpoint(folder: Path, seed: int = 0, tokenizer: bool = True, **config_kwargs) -> Path:
+    """Write a tiny stock Qwen3-MoE checkpoint with ``Qwen3MoeForCausalLM.save_pretrained`` (and the tiny tokenizer).
+
+    Random weights, with routers and norms drawn wide enough that the routers really route: tokens go to
+    different experts (checked here, so that no test compares models that all use one expert), and norm weights
+    are not all 1.
+    """
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    folder = Path(folder)
+    torch.manual_seed(seed)
+    model = Qwen3MoeForCausalLM(Qwen3MoeConfig.from_dict(tiny_moe_config_dict(**config_kwargs)))
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith("mlp.gate.weight"):
+                parameter.copy_(torch.randn(parameter.shape, generator=generator))
+            elif name.endswith("norm.weight"):
+                # in [0.5, 2), where Qwen3.5's w - 1 storage is exact in bfloat16 too
+                parameter.copy_((1 + 0.2 * torch.randn(parameter.shape, generator=generator)).clamp(0.6, 1.6))
+            else:
+                parameter.copy_(0.2 * torch.randn(parameter.shape, generator=generator))
+    experts_chosen = routed_experts(model, torch.randint(model.config.vocab_size, (1, 24), generator=generator))
+    assert all(len(chosen) > 1 for chosen in experts_chosen.values()), f"a router sends every token to one expert: {experts_chosen}"
+    model.save_pretrained(folder)
+    if tokenizer:
+        write_tiny_tokenizer(folder)
+    return folder
+
+
+def routed_experts(model, input_ids) -> dict[int, set[int]]:
+    """The experts each sparse layer's router chooses (top-k) for any token of ``input_ids``: layer -> experts."""
+    with torch.no_grad():
+        router_logits = model(input_ids, output_router_logits=True).router_logits
+    sparse = [i for i, layer in enumerate(model.model.layers) if hasattr(layer.mlp, "gate")]
+    top_k = model.config.num_experts_per_tok
+    return {layer: set(logits.topk(top_k, dim=-1).indices.flatten().tolist()) for layer, logits in zip(sparse, router_logits)}
+
+
+@pytest.fixture(scope="session")
+def stock_moe(tmp_path_factory) -> Path:
+    """A tiny stock Qwen3-MoE checkpoint: 2 sparse layers, 4 experts, 2 per token, a tokenizer."""
+    return write_stock_moe_checkpoint(tmp_path_factory.mktemp("stock_moe"))
+
+
+@pytest.fixture(scope="session")
+def stock_moe_dense_layer(tmp_path_factory) -> Path:
+    """A tiny stock Qwen3-MoE checkpoint with a dense layer among the sparse ones (``mlp_only_layers [1]`` of 3)."""
+    return write_stock_moe_checkpoint(tmp_path_factory.mktemp("stock_moe_dense"), seed=1, num_hidden_layers=3, mlp_only_layers=[1])

@@ -14,17 +14,10 @@ Bounded work: the header check loops over the tensors the checkpoint holds, neve
 claims (a config saying 20,000 layers or a vocabulary of 500,000,000 costs nothing more to refuse).
 
 What a tensor should look like is a model type's rule (:data:`SHAPE_RULES`: ``model_type`` ->
-``rule(config, name)``), so another family (a Qwen3-MoE gated model, with ``mlp.experts.*`` and a router
-``mlp.gate.weight``) adds its own rule, reusing :func:`attention_shape` and :func:`norm_shape`, without
-touching the check::
-
-    def moe_shape(config, name):
-        layer, local = split_layer_name(name)
-        if layer is not None and local.startswith("mlp."):
-            ...  # Expected(...) for the experts and the router, NoPlace("...") for the rest
-        return dense_shape(config, name)
-
-    SHAPE_RULES["qwen3_moe_gated"] = ShapeRule(moe_shape, moe_layer_tensors)  # what each layer must hold
+``ShapeRule(shape, layer_tensors)``): the dense Qwen3Gated decoder (:data:`DENSE`) and the gated Qwen3-MoE
+(:data:`MOE`: a router ``mlp.gate.weight`` and experts in the sparse layers, stored one tensor per expert as
+``save_pretrained`` writes them or fused as transformers 5 holds them; a dense MLP in ``mlp_only_layers``),
+both reusing :func:`attention_shape` and :func:`norm_shape`.
 """
 
 from __future__ import annotations
@@ -151,7 +144,7 @@ def dense_shape(config, name: str) -> Expected | NoPlace | None:
     return NoPlace()
 
 
-def dense_layer_tensors(config) -> dict[str, str]:
+def dense_layer_tensors(config, layer: int = 0, held: set[str] = frozenset()) -> dict[str, str]:
     """The tensors each decoder layer of a dense Qwen3Gated model holds (names inside the layer), each with
     the config value that asks for it ("" where every config does). Never grows with the config's sizes."""
     names = dict.fromkeys(
@@ -165,18 +158,78 @@ def dense_layer_tensors(config) -> dict[str, str]:
     return names
 
 
+_EXPERT = re.compile(r"^mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+FUSED_EXPERTS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
+
+
+def _is_sparse(config, layer: int) -> bool:  # transformers' Qwen3MoeDecoderLayer rule
+    return layer not in (config.mlp_only_layers or []) and config.num_experts > 0 and (layer + 1) % config.decoder_sparse_step == 0
+
+
+def moe_shape(config, name: str) -> Expected | NoPlace | None:
+    """The rule of the gated Qwen3-MoE decoder (and stock Qwen3-MoE, read as gate "none"): the dense rule,
+    with the router and experts in the sparse layers and a dense MLP of ``intermediate_size`` elsewhere."""
+    layer, local = split_layer_name(name)
+    if layer is None or not local.startswith("mlp.") or not _is_sparse(config, layer):
+        return dense_shape(config, name)  # a dense layer (mlp_only_layers) has a dense MLP and no experts
+    hidden = Dim(config.hidden_size, _says(config, "hidden_size"))
+    inner = Dim(config.moe_intermediate_size, _says(config, "moe_intermediate_size"))
+    experts = Dim(config.num_experts, _says(config, "num_experts"))
+    if local == "mlp.gate.weight":
+        return Expected((experts, hidden))
+    expert = _EXPERT.match(local)
+    if expert:
+        if int(expert.group(1)) >= config.num_experts:
+            return NoPlace(_says(config, "num_experts"))
+        return Expected((hidden, inner) if expert.group(2) == "down_proj" else (inner, hidden))
+    if local == "mlp.experts.gate_up_proj":
+        return Expected((experts, Dim(2 * config.moe_intermediate_size, _says(config, "moe_intermediate_size")), hidden))
+    if local == "mlp.experts.down_proj":
+        return Expected((experts, hidden, inner))
+    return NoPlace(f"layer {layer} sparse (num_experts {config.num_experts}, mlp_only_layers {config.mlp_only_layers})")
+
+
+def moe_layer_tensors(config, layer: int = 0, held: set[str] = frozenset()) -> dict[str, str]:
+    """What one decoder layer of a gated Qwen3-MoE must hold. A sparse layer: the router and every expert,
+    one tensor per expert and projection (as ``save_pretrained`` writes them) or the two fused tensors when the
+    layer holds those. Bounded by what the layer holds: at most a few of the missing experts are named."""
+    names = dense_layer_tensors(config)
+    if not _is_sparse(config, layer):
+        return names
+    for local in ("mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"):
+        del names[local]
+    says = _says(config, "num_experts")
+    names["mlp.gate.weight"] = says
+    if any(local in held for local in FUSED_EXPERTS):
+        names.update(dict.fromkeys(FUSED_EXPERTS, says))
+        return names
+    missing = 0
+    for index in range(config.num_experts):  # stops at the first few missing: bounded by the experts held
+        for projection in ("gate_proj", "up_proj", "down_proj"):
+            local = f"mlp.experts.{index}.{projection}.weight"
+            if local not in held:
+                missing += 1
+            names[local] = says
+        if missing >= 6:
+            break
+    return names
+
+
 @dataclass(frozen=True)
 class ShapeRule:
-    """A model type's expectations: ``shape(config, name)`` for any tensor found, and ``layer_tensors(config)``,
-    what each decoder layer must hold (names inside the layer -> the config value asking for it, or "")."""
+    """A model type's expectations: ``shape(config, name)`` for any tensor found, and
+    ``layer_tensors(config, layer, held)``, what decoder layer ``layer`` must hold given the names ``held`` in it
+    (names inside the layer -> the config value asking for it, or "")."""
 
     shape: Callable[[object, str], Expected | NoPlace | None]
-    layer_tensors: Callable[[object], dict[str, str]]
+    layer_tensors: Callable[[object, int, set[str]], dict[str, str]]
 
 
 DENSE = ShapeRule(dense_shape, dense_layer_tensors)
-# model_type -> its rule. A stock Qwen3 config is read as Qwen3Gated (gate "none"), so it has one model_type.
-SHAPE_RULES: dict[str, ShapeRule] = {"qwen3_gated": DENSE}
+MOE = ShapeRule(moe_shape, moe_layer_tensors)
+# model_type -> its rule. A stock Qwen3 config is read as Qwen3Gated (gate "none"), a stock Qwen3-MoE one as
+# Qwen3MoeGated, so each family has one model_type.
+SHAPE_RULES: dict[str, ShapeRule] = {"qwen3_gated": DENSE, "qwen3_moe_gated": MOE}
 
 
 def _shown(shape) -> str:
@@ -222,10 +275,9 @@ def weight_disagreements(config, tensors: Mapping[str, TensorInfo], sizes: bool 
     sentences = _layer_count_sentences(config.num_hidden_layers, layers)
     sentences += [sentence for _, sentence in sorted(problems)]
     # Within the layers it holds (never the config's count of them), each tensor the config asks for.
-    required = rule.layer_tensors(config) if held else {}
     lacking: dict[str, list[str]] = {}
     for layer in sorted(index for index in held if index < config.num_hidden_layers):
-        for local, says in required.items():
+        for local, says in rule.layer_tensors(config, layer, held[layer]).items():
             if local not in held[layer]:
                 lacking.setdefault(says, []).append(f"{layers[layer]}.{local}")
     for says, names in lacking.items():
@@ -382,7 +434,7 @@ def check_loaded_weights(model, loading_info: dict, checkpoint_keys: set[str] | 
 
 
 __all__ = [
-    "DENSE", "SHAPE_RULES", "Dim", "Expected", "NoPlace", "ShapeRule", "attention_shape", "check_layer_count",
-    "check_loaded_weights", "check_q_proj_layout", "check_weights_match_config", "dense_layer_tensors", "dense_shape", "mlp_shape", "norm_shape", "required_head_keys", "split_layer_name",
+    "DENSE", "MOE", "SHAPE_RULES", "Dim", "Expected", "NoPlace", "ShapeRule", "attention_shape", "check_layer_count",
+    "check_loaded_weights", "check_q_proj_layout", "check_weights_match_config", "dense_layer_tensors", "dense_shape", "mlp_shape", "moe_layer_tensors", "moe_shape", "norm_shape", "required_head_keys", "split_layer_name",
     "weight_disagreements",
 ]

@@ -13,9 +13,9 @@ def add_parser(subparsers) -> None:
     parser = subparsers.add_parser(
         "analyze",
         help="measure gates, attention sinks, massive activations and perplexity",
-        description="Run the paper's instruments on a Qwen3 or Qwen3Gated model (and, with --compare, on "
-        "others): gate statistics, first-token attention per layer and head, massive activations, and "
-        "perplexity (--text). Writes analysis.json with every number and PNG figures to --out.",
+        description="Run the paper's instruments on a Qwen3 or Qwen3Gated model, dense or mixture of experts (and, "
+        "with --compare, on others): gate statistics, first-token attention per layer and head, massive activations, "
+        "the router's load per layer (MoE), and perplexity (--text). Writes analysis.json with every number and PNG figures to --out.",
     )
     parser.add_argument("model", metavar="MODEL", help="a checkpoint folder or a hub id")
     source = parser.add_mutually_exclusive_group(required=True)
@@ -78,6 +78,8 @@ def analyze_model(model, tokenizer, text: str, args) -> tuple[dict, dict]:
             "skip_queries": args.skip_queries,
         },
         "gates": gate_summary,
+        # a mixture of experts: the router's load per sparse layer, beside the gates (None for a dense model)
+        "router_load": analysis.router_load(model, probe),
         "massive_activations": analysis.massive_activations(model, probe),
         "perplexity": {
             "perplexity": ppl.perplexity, "mean_nll": ppl.mean_nll, "tokens": ppl.tokens, "windows": ppl.windows,
@@ -109,15 +111,17 @@ def _write_figures(folder: Path, numbers: dict, tensors: dict) -> list[str]:
 
 
 def _print_table(numbers: dict) -> None:
-    header = ("model", "gate", "first-token attn", "gate mean", "gate<0.1", "max |h| / median", "ppl")
+    header = ("model", "gate", "first-token attn", "gate mean", "gate<0.1", "max |h| / median", "router max/even", "ppl")
     rows = []
     for label, n in numbers.items():
         gates = n["gates"]["overall"] if n["gates"] else None
         ratio = max(layer["ratio"] for layer in n["massive_activations"])
+        routers = n.get("router_load")
         rows.append((
             label, n["gate_type"], f"{n['first_token_attention']['mean']:.3f}",
             f"{gates['mean']:.3f}" if gates else "-", f"{gates['below_0.1']:.3f}" if gates else "-",
-            f"{ratio:.1f}", f"{n['perplexity']['perplexity']:.2f}",
+            f"{ratio:.1f}", f"{max(layer['max_over_even'] for layer in routers):.2f}" if routers else "-",
+            f"{n['perplexity']['perplexity']:.2f}",
         ))
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     for row in [header, *rows]:

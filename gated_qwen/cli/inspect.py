@@ -11,7 +11,8 @@ def add_parser(subparsers) -> None:
     parser = subparsers.add_parser(
         "inspect",
         help="describe a checkpoint without loading its weights",
-        description="Print gate type, layers, heads, parameter count and dtype of a checkpoint, read from "
+        description="Print gate type, layers, heads, parameter count (total and, for a mixture of experts, active "
+        "per token) and dtype of a checkpoint, read from "
         "config.json and the weight headers only: safetensors headers (on the hub by range reads, no weight "
         "download), or a local pytorch_model.bin's pickle without its tensor data. Of pickle weights on the hub "
         "only the file sizes can be had without the download; the parameter count then comes from the config.",
@@ -30,20 +31,22 @@ def describe(checkpoint: str, subfolder: str = "", revision: str | None = None) 
     """
     from ..checkpoint import SAFETENSORS_DTYPES, check_layer_count, check_weights_match_config, read_checkpoint_header
     from ..models.qwen3_gated.configuration_qwen3_gated import Qwen3GatedConfig, check_model_type
+    from ..models.qwen3_moe_gated.configuration_qwen3_moe_gated import MOE_MODEL_TYPES, Qwen3MoeGatedConfig
     from ..errors import CheckpointError
 
     header = read_checkpoint_header(checkpoint, subfolder=subfolder, revision=revision)
-    kind = check_model_type(header.config, header.source)
+    moe = header.config.get("model_type") in MOE_MODEL_TYPES
+    kind = header.config.get("model_type") if moe else check_model_type(header.config, header.source)
     layers = header.config.get("num_hidden_layers")
     if header.tensors and isinstance(layers, int) and not isinstance(layers, bool):
         check_layer_count(layers, header.tensors, header.source)  # before the config object, which grows with it
     try:
-        config = Qwen3GatedConfig.from_dict(header.config)
+        config = (Qwen3MoeGatedConfig if moe else Qwen3GatedConfig).from_dict(header.config)
     except CheckpointError:
         raise
     except Exception as error:  # strict dataclass validation raises several error types
         reason = " ".join(str(error).split())
-        raise CheckpointError(f"{header.source}/config.json is not a valid Qwen3 config: {reason}") from None
+        raise CheckpointError(f"{header.source}/config.json is not a valid {'Qwen3-MoE' if moe else 'Qwen3'} config: {reason}") from None
     if header.weights_format is None:
         raise CheckpointError(
             f"{header.source} has no weights (model.safetensors, pytorch_model.bin, or an index of either)"
@@ -55,10 +58,11 @@ def describe(checkpoint: str, subfolder: str = "", revision: str | None = None) 
         weight_dtypes = sorted({str(SAFETENSORS_DTYPES[t.dtype]).removeprefix("torch.") for t in header.tensors.values()})
     else:  # pickle weights on the hub: their shapes are inside the file
         parameters, weight_dtypes = _parameters_from_config(config), []
-    return {
+    kinds = {"gated_attention_release": "gated-attention release", "qwen3": "stock Qwen3", "qwen3_moe": "stock Qwen3-MoE"}
+    facts = {
         "source": header.source,
         "model_type": header.config.get("model_type"),
-        "kind": {"gated_attention_release": "gated-attention release", "qwen3": "stock Qwen3"}.get(kind, "gated-qwen checkpoint"),
+        "kind": kinds.get(kind, "gated-qwen checkpoint"),
         "gate_type": config.gate_type,
         "num_hidden_layers": config.num_hidden_layers,
         "num_attention_heads": config.num_attention_heads,
@@ -77,7 +81,18 @@ def describe(checkpoint: str, subfolder: str = "", revision: str | None = None) 
         "weight_bytes": sum(header.file_sizes.values()),
         "files": len(header.files),
         "shapes_checked": shapes_checked,
+        # a token's share: all of a dense model; the router's chosen experts only in a mixture of experts
+        "active_parameters": parameters - (config.idle_expert_parameters() if moe else 0),
     }
+    if moe:
+        facts.update(
+            num_experts=config.num_experts,
+            num_experts_per_tok=config.num_experts_per_tok,
+            moe_intermediate_size=config.moe_intermediate_size,
+            sparse_layers=len(config.sparse_layers()),
+            norm_topk_prob=config.norm_topk_prob,
+        )
+    return facts
 
 
 def _parameters_from_config(config) -> int:
@@ -85,9 +100,11 @@ def _parameters_from_config(config) -> int:
     import torch
 
     from ..models.qwen3_gated.modeling_qwen3_gated import Qwen3GatedForCausalLM
+    from ..models.qwen3_moe_gated.configuration_qwen3_moe_gated import Qwen3MoeGatedConfig
+    from ..models.qwen3_moe_gated.modeling_qwen3_moe_gated import Qwen3MoeGatedForCausalLM
 
     with torch.device("meta"):
-        model = Qwen3GatedForCausalLM(config)
+        model = (Qwen3MoeGatedForCausalLM if isinstance(config, Qwen3MoeGatedConfig) else Qwen3GatedForCausalLM)(config)
     return sum(p.numel() for p in model.parameters())  # a tied lm_head counts once
 
 
@@ -107,6 +124,14 @@ def run(args) -> int:
         ("tied embeddings", facts["tie_word_embeddings"]),
         ("parameters", f"{facts['parameters']:,} ({facts['parameters'] / 1e9:.2f}B)"
          + ("" if facts["shapes_checked"] else ", from the config")),
+    ]
+    if "num_experts" in facts:
+        rows += [
+            ("experts", f"{facts['num_experts']} of width {facts['moe_intermediate_size']}, {facts['num_experts_per_tok']} per "
+             f"token, in {facts['sparse_layers']} of {facts['num_hidden_layers']} layers (norm_topk_prob {facts['norm_topk_prob']})"),
+            ("active parameters", f"{facts['active_parameters']:,} ({facts['active_parameters'] / 1e9:.2f}B) per token"),
+        ]
+    rows += [
         ("dtype", f"{facts['config_dtype'] or 'unset'} (config)"
          + (f", {', '.join(facts['weight_dtypes'])} (weights)" if facts["weight_dtypes"] else "")),
         ("weights", f"{facts['files']} {facts['weights_format']} file{'s' if facts['files'] > 1 else ''}, "

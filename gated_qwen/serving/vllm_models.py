@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from vllm.config import VllmConfig
 from vllm.model_executor.models.qwen3 import Qwen3ForCausalLM
-from vllm.model_executor.models.transformers import TransformersForCausalLM
+from vllm.model_executor.models.transformers import TransformersForCausalLM, TransformersMoEForCausalLM
 
 from ..models.qwen3_gated.configuration_qwen3_gated import Qwen3GatedConfig, is_gated_attention_config
 from .vllm_plugin import check_tensor_parallel_size
@@ -49,3 +49,19 @@ class Qwen3OrGatedForCausalLM(Qwen3ForCausalLM):
         if is_gated_attention_config(vllm_config.model_config.hf_config.to_dict()):
             return Qwen3GatedForCausalLM(vllm_config=vllm_config, prefix=prefix)
         return super().__new__(cls)
+
+
+class Qwen3MoeGatedForCausalLM(TransformersMoEForCausalLM):
+    """vLLM's Transformers backend, with its mixture-of-experts support, running gated-qwen's Qwen3MoeGated.
+
+    The backend builds the model with ``AutoModel.from_config`` (a ``Qwen3MoeGatedModel``), replaces each
+    layer's experts (transformers' fused ``Qwen3MoeExperts``) with vLLM's fused MoE, loading the per-expert
+    tensors of the checkpoint, and the attention, linear and norm layers as for the dense model. The
+    tensor-parallel size must divide the kv heads, as for the dense model.
+    """
+
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
+        check_tensor_parallel_size(
+            vllm_config.model_config.hf_config.num_key_value_heads, vllm_config.parallel_config.tensor_parallel_size
+        )
+        super().__init__(vllm_config=vllm_config, prefix=prefix)

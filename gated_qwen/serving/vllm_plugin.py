@@ -1,13 +1,15 @@
 """vLLM plugin: serve Qwen3Gated checkpoints and the released gated arms with vLLM, unconverted.
 
 vLLM finds :func:`register` through this package's ``vllm.general_plugins`` entry point and calls it
-in every process it starts (front end, engine, each tensor-parallel worker). It registers two
+in every process it starts (front end, engine, each tensor-parallel worker). It registers three
 architectures with vLLM's ``ModelRegistry``:
 
 - ``Qwen3GatedForCausalLM`` (what ``save_pretrained`` writes, ``model_type "qwen3_gated"``): vLLM's
   Transformers backend, which builds this package's model with ``AutoModel.from_config`` (the
   ``import gated_qwen`` here registers it), swaps in vLLM's attention, linear and norm layers, and
   shards it by the config's ``base_model_tp_plan``.
+- ``Qwen3MoeGatedForCausalLM`` (``model_type "qwen3_moe_gated"``, a converted Qwen3-MoE): vLLM's Transformers
+  backend with its mixture-of-experts support, which replaces the experts with vLLM's fused MoE.
 - ``Qwen3ForCausalLM`` (what a released arm's config.json names, beside ``model_type "qwen2"``): a
   class that builds vLLM's own Qwen3 for a stock Qwen3 checkpoint, as before, and the gated model
   above for a config with the gated-attention keys. Without this, vLLM's Qwen3 would load a released
@@ -39,6 +41,7 @@ logger = logging.getLogger(__name__)
 
 GATED_ARCHITECTURE = "Qwen3GatedForCausalLM"
 QWEN3_ARCHITECTURE = "Qwen3ForCausalLM"
+MOE_ARCHITECTURE = "Qwen3MoeGatedForCausalLM"
 MODELS_MODULE = "gated_qwen.serving.vllm_models"
 
 
@@ -55,15 +58,16 @@ def register() -> None:
 
     ModelRegistry.register_model(GATED_ARCHITECTURE, f"{MODELS_MODULE}:Qwen3GatedForCausalLM")
     ModelRegistry.register_model(QWEN3_ARCHITECTURE, f"{MODELS_MODULE}:Qwen3OrGatedForCausalLM")
+    ModelRegistry.register_model(MOE_ARCHITECTURE, f"{MODELS_MODULE}:Qwen3MoeGatedForCausalLM")
     _register_config_checks()
 
 
 def _register_config_checks() -> None:
-    """Enter :func:`check_served_checkpoint` in vLLM's config hooks for both architectures, before whatever
-    hook vLLM has for them (called after ours). Idempotent."""
+    """Enter :func:`check_served_checkpoint` in vLLM's config hooks for every architecture of the plugin's, before
+    whatever hook vLLM has for them (called after ours). Idempotent."""
     from vllm.model_executor.models.config import MODELS_CONFIG_MAP, VerifyAndUpdateConfig
 
-    for architecture in (GATED_ARCHITECTURE, QWEN3_ARCHITECTURE):
+    for architecture in (GATED_ARCHITECTURE, QWEN3_ARCHITECTURE, MOE_ARCHITECTURE):
         previous = MODELS_CONFIG_MAP.get(architecture)
         if getattr(previous, "gated_qwen_check", False):
             continue
@@ -91,13 +95,16 @@ def check_served_checkpoint(vllm_config) -> None:
     from ..checkpoint import check_weights_match_config, local_weight_files, read_checkpoint_header, read_weight_file_header
     from ..errors import CheckpointError
     from ..models.qwen3_gated.configuration_qwen3_gated import Qwen3GatedConfig, is_gated_attention_config
+    from ..models.qwen3_moe_gated.configuration_qwen3_moe_gated import Qwen3MoeGatedConfig
 
     model_config = vllm_config.model_config
     config_dict = model_config.hf_config.to_dict()
-    gated = model_config.architecture == GATED_ARCHITECTURE or is_gated_attention_config(config_dict)
+    moe = model_config.architecture == MOE_ARCHITECTURE
+    gated = moe or model_config.architecture == GATED_ARCHITECTURE or is_gated_attention_config(config_dict)
     if not gated and config_dict.get("model_type") != "qwen3":
         return  # not a model of this plugin's
-    config = Qwen3GatedConfig.from_dict(config_dict)  # refuses sizes that make no model, naming the key
+    # refuses sizes that make no model, naming the key
+    config = (Qwen3MoeGatedConfig if moe else Qwen3GatedConfig).from_dict(config_dict)
     if gated:  # vLLM's own Qwen3 replicates kv heads as it does for any model
         check_tensor_parallel_size(config.num_key_value_heads, vllm_config.parallel_config.tensor_parallel_size)
     if str(getattr(vllm_config.load_config, "load_format", "")) == "dummy":
@@ -140,4 +147,4 @@ def check_tensor_parallel_size(num_key_value_heads: int, tensor_parallel_size: i
         )
 
 
-__all__ = ["GATED_ARCHITECTURE", "QWEN3_ARCHITECTURE", "check_served_checkpoint", "check_tensor_parallel_size", "register"]
+__all__ = ["GATED_ARCHITECTURE", "MOE_ARCHITECTURE", "QWEN3_ARCHITECTURE", "check_served_checkpoint", "check_tensor_parallel_size", "register"]

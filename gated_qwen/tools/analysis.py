@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 from transformers.models.qwen3.modeling_qwen3 import Qwen3Attention, Qwen3DecoderLayer
+from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeDecoderLayer
 
 from ..errors import GatedQwenError
 from ..models.layout import split_query_and_gate
@@ -372,13 +373,56 @@ def massive_activations(model: nn.Module, input_ids: torch.Tensor, attention_mas
             }
         )
 
-    decoder_layers = [m for m in model.modules() if isinstance(m, Qwen3DecoderLayer)]
+    decoder_layers = [m for m in model.modules() if isinstance(m, (Qwen3DecoderLayer, Qwen3MoeDecoderLayer))]
     handles = [layer.register_forward_hook(after_layer) for layer in decoder_layers]
     try:
         model(input_ids=input_ids, attention_mask=attention_mask)
     finally:
         for handle in handles:
             handle.remove()
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------------------- router load
+
+
+@torch.no_grad()
+def router_load(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> list[dict] | None:
+    """Per sparse layer of a mixture of experts, how the router spreads the tokens: None for a dense model.
+
+    From the router logits the model returns (``output_router_logits=True``, transformers' Qwen3-MoE): each
+    expert's share of the top-k choices (``load``, summing to 1; an even spread is ``1 / num_experts`` each),
+    the largest share over the even one (``max_over_even``, 1.0 when perfectly balanced), the experts that no
+    token chose (``unused``), and the mean routing probability each expert gets (``mean_probability``), the two
+    factors of the auxiliary load-balancing loss. Padded positions are left out.
+
+    >>> router_load(model, input_ids)[0]["max_over_even"]  # doctest: +SKIP
+    1.75
+    """
+    config = model.config
+    if not getattr(config, "num_experts", 0):
+        return None
+    router_logits = model(input_ids=input_ids, attention_mask=attention_mask, output_router_logits=True).router_logits
+    layers = [i for i, layer in enumerate(model.model.layers) if hasattr(layer.mlp, "experts")]
+    keep = None if attention_mask is None else attention_mask.bool().flatten()
+    rows = []
+    for layer, logits in zip(layers, router_logits, strict=True):
+        logits = logits.float()
+        if keep is not None:
+            logits = logits[keep.to(logits.device)]
+        probabilities = logits.softmax(-1)  # (N, E)
+        chosen = probabilities.topk(config.num_experts_per_tok, dim=-1).indices.flatten()
+        counts = torch.bincount(chosen, minlength=config.num_experts).float()
+        load = counts / counts.sum()
+        rows.append(
+            {
+                "layer": layer,
+                "load": load.tolist(),
+                "max_over_even": load.max().item() * config.num_experts,
+                "unused": int((counts == 0).sum()),
+                "mean_probability": probabilities.mean(0).tolist(),
+            }
+        )
     return rows
 
 

@@ -29,6 +29,8 @@ from transformers.utils.hub import cached_files
 from ..utils.devices import check_attention, resolve_device, resolve_dtype
 from ..errors import GatedQwenError
 from ..checkpoint.hub import hub_error, resolve_source
+from ..checkpoint import read_config_json
+from ..models.auto import causal_lm_class
 from ..models.qwen3_gated.modeling_qwen3_gated import Qwen3GatedForCausalLM
 
 logger = logging.get_logger(__name__)
@@ -121,7 +123,8 @@ def load_model(
     dtype: str = "auto",
     attn_implementation: str | None = None,
 ) -> Qwen3GatedForCausalLM:
-    """A Qwen3 or Qwen3Gated checkpoint (released arm, plain Qwen3, or saved here) on ``device``, in eval mode.
+    """A Qwen3 or Qwen3Gated checkpoint (released arm, plain Qwen3, or saved here), or a Qwen3-MoE or
+    Qwen3MoeGated one, on ``device``, in eval mode.
 
     Device, dtype and attention are checked before anything is read.
 
@@ -130,7 +133,8 @@ def load_model(
     torch_device, torch_dtype = resolve_device(device), resolve_dtype(dtype)
     check_attention(attn_implementation, torch_device, torch_dtype)
     local_checkpoint_folder(model, subfolder, revision)
-    loaded, info = Qwen3GatedForCausalLM.from_pretrained(
+    model_class = causal_lm_class(read_config_json(model, subfolder, revision))
+    loaded, info = model_class.from_pretrained(
         model,
         subfolder=subfolder,
         revision=revision,

@@ -30,7 +30,14 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from transformers import Qwen3ForCausalLM, Qwen3ForSequenceClassification, Qwen3Model
+from transformers import (
+    Qwen3ForCausalLM,
+    Qwen3ForSequenceClassification,
+    Qwen3Model,
+    Qwen3MoeForCausalLM,
+    Qwen3MoeForSequenceClassification,
+    Qwen3MoeModel,
+)
 from transformers.utils import logging
 
 from ..checkpoint import check_weights_match_config
@@ -43,7 +50,15 @@ from ..models.qwen3_gated.modeling_qwen3_gated import (
     Qwen3GatedModel,
     Qwen3GatedPreTrainedModel,
 )
+from ..models.qwen3_moe_gated.configuration_qwen3_moe_gated import Qwen3MoeGatedConfig
+from ..models.qwen3_moe_gated.modeling_qwen3_moe_gated import (
+    Qwen3MoeGatedForCausalLM,
+    Qwen3MoeGatedForSequenceClassification,
+    Qwen3MoeGatedModel,
+    Qwen3MoeGatedPreTrainedModel,
+)
 from ..utils.names import CHECKPOINT_CONVERSION_GATES, CONVERSION_GATES, CONVERSION_INITS
+from .experts import is_fused_experts, saved_shapes, split_fused_experts
 from .pipeline import TensorMapping, source_config_from_dict, transform_checkpoint
 
 logger = logging.get_logger(__name__)
@@ -58,6 +73,10 @@ GATED_CLASSES = {
     Qwen3ForCausalLM: Qwen3GatedForCausalLM,
     Qwen3ForSequenceClassification: Qwen3GatedForSequenceClassification,
     Qwen3Model: Qwen3GatedModel,
+    # Qwen3-MoE: the same attention, so the same conversion; router and experts are handed over unchanged.
+    Qwen3MoeForCausalLM: Qwen3MoeGatedForCausalLM,
+    Qwen3MoeForSequenceClassification: Qwen3MoeGatedForSequenceClassification,
+    Qwen3MoeModel: Qwen3MoeGatedModel,
 }
 GATED_CLASS_FOR_ARCHITECTURE = {
     stock.__name__: gated for stock, gated in GATED_CLASSES.items()
@@ -68,10 +87,11 @@ def _check_choice(value: str, choices, what: str) -> None:
         raise GatedQwenError(f"unknown {what} {value!r}; choose one of {', '.join(choices)}")
 
 
-def gated_config_from_dict(config_dict: dict, gate: str, source: str = "the model") -> Qwen3GatedConfig:
-    """The Qwen3GatedConfig of the gated variant of a Qwen3 config (a config.json's dict).
+def gated_config_from_dict(config_dict: dict, gate: str, source: str = "the model") -> Qwen3GatedConfig | Qwen3MoeGatedConfig:
+    """The gated config of the gated variant of a Qwen3 or Qwen3-MoE config (a config.json's dict):
+    a Qwen3GatedConfig, or a Qwen3MoeGatedConfig for a Qwen3-MoE.
 
-    Refuses a config that is not Qwen3 and one that already has a gate.
+    Refuses a config that is neither and one that already has a gate.
 
     >>> config = gated_config_from_dict({"model_type": "qwen3", "num_attention_heads": 4, "num_key_value_heads": 2}, "headwise")
     >>> config.gate_type, config.model_type
@@ -84,7 +104,7 @@ def gated_config_from_dict(config_dict: dict, gate: str, source: str = "the mode
             f"{source} is already gated ({source_config.gate_type}); there is nothing to convert. "
             "Load it with Qwen3GatedForCausalLM.from_pretrained"
         )
-    return Qwen3GatedConfig.from_dict(
+    return type(source_config).from_dict(
         {
             **source_config.to_dict(),
             "headwise_attn_output_gate": gate == "headwise",
@@ -139,8 +159,10 @@ def convert_qwen3_to_gated(model: nn.Module, gate: str = "headwise", init: str =
     """The gated variant of a loaded stock Qwen3 model, sharing all its tensors but q_proj and o_proj.
 
     ``model`` is a transformers ``Qwen3ForCausalLM``, ``Qwen3ForSequenceClassification`` or
-    ``Qwen3Model`` (or a Qwen3Gated one without a gate), in any dtype, on any devices (also with a
-    ``device_map``). Returns the matching Qwen3Gated class with a :class:`Qwen3GatedConfig`.
+    ``Qwen3Model`` (or a Qwen3Gated one without a gate), or the Qwen3-MoE counterpart of one
+    (``Qwen3MoeForCausalLM``, ...), in any dtype, on any devices (also with a ``device_map``). Returns the
+    matching Qwen3Gated (Qwen3MoeGated) class with a :class:`Qwen3GatedConfig` (``Qwen3MoeGatedConfig``);
+    an MoE's router and experts are handed over as they are.
 
     The input is not consumed, nor modified: it still computes what it did. But no weight is
     copied, so the two models share every tensor except the grown q_proj and the rescaled o_proj
@@ -165,7 +187,8 @@ def convert_qwen3_to_gated(model: nn.Module, gate: str = "headwise", init: str =
     gated_class = next((gated for stock, gated in GATED_CLASSES.items() if isinstance(model, stock)), None)
     if gated_class is None:
         raise GatedQwenError(
-            f"cannot convert a {type(model).__name__}; give a Qwen3ForCausalLM, Qwen3ForSequenceClassification or Qwen3Model"
+            f"cannot convert a {type(model).__name__}; give a Qwen3ForCausalLM, Qwen3ForSequenceClassification or "
+            "Qwen3Model, or their Qwen3-MoE counterparts (Qwen3MoeForCausalLM, ...)"
         )
     source = type(model).__name__
     config = gated_config_from_dict(model.config.to_dict(), gate, source)
@@ -186,7 +209,7 @@ def convert_qwen3_to_gated(model: nn.Module, gate: str = "headwise", init: str =
     if expected.keys() != tensors.keys():
         extra, missing = sorted(tensors.keys() - expected.keys()), sorted(expected.keys() - tensors.keys())
         raise GatedQwenError(
-            f"{source} does not have the tensors of a stock Qwen3: "
+            f"{source} does not have the tensors of a stock {'Qwen3-MoE' if isinstance(config, Qwen3MoeGatedConfig) else 'Qwen3'}: "
             + "; ".join(f"{what} {', '.join(names[:3])}" for what, names in (("extra", extra), ("missing", missing)) if names)
             + " (merge or remove adapters first)"
         )
@@ -274,12 +297,13 @@ def convert_checkpoint(
     def check_config(config_dict: dict, source: str, target_dtype) -> None:  # before any weight is fetched
         source_config = source_config_from_dict(config_dict, source)
         config = source_config if gate == "keep" else gated_config_from_dict(config_dict, gate, source)
-        architecture = (config_dict.get("architectures") or ["Qwen3ForCausalLM"])[0]
+        moe = isinstance(config, Qwen3MoeGatedConfig)
+        architecture = (config_dict.get("architectures") or ["Qwen3MoeForCausalLM" if moe else "Qwen3ForCausalLM"])[0]
         gated_class = GATED_CLASS_FOR_ARCHITECTURE.get(architecture)
-        if gated_class is None:
+        if gated_class is None or issubclass(gated_class, Qwen3MoeGatedPreTrainedModel) != moe:
             raise CheckpointError(
-                f"{source} is a {architecture}; only Qwen3ForCausalLM, "
-                "Qwen3ForSequenceClassification and Qwen3Model checkpoints can be converted"
+                f"{source} is a {architecture}; only Qwen3ForCausalLM, Qwen3ForSequenceClassification and Qwen3Model "
+                "checkpoints, and their Qwen3-MoE counterparts (Qwen3MoeForCausalLM, ...), can be converted"
             )
         config.architectures = [gated_class.__name__]
         if target_dtype is not None:
@@ -293,9 +317,16 @@ def convert_checkpoint(
             skeleton = gated_class(config)
         # A tied lm_head is not saved by transformers, and is ignored on loading if a checkpoint has it.
         tied = set(skeleton.all_tied_weights_keys)
+
+        def map_tensor(name: str, tensor: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+            if is_fused_experts(name):  # an MoE saved fused: written as save_pretrained writes experts
+                return split_fused_experts(name, tensor)
+            return [(name, tensor if gate == "keep" else convert_tensor(name, tensor, config, init))]
+
         return TensorMapping(
-            map_tensor=lambda name, tensor: [(name, tensor if gate == "keep" else convert_tensor(name, tensor, config, init))],
-            target_shapes={name: tuple(t.shape) for name, t in skeleton.state_dict().items() if name not in tied},
+            map_tensor=map_tensor,
+            # as save_pretrained writes them: an MoE's experts one tensor per expert, copied unchanged
+            target_shapes=saved_shapes(skeleton, skip=tied),
             not_saved=tied,
             write_config=config.save_pretrained,
             advice="check num_hidden_layers, tie_word_embeddings and attention_bias against the weights",

@@ -25,11 +25,22 @@ Everything else (embeddings, k/v/o projections, MLP, lm_head) is copied unchange
 cannot compute is refused with the reason: a model without QK-norm (Qwen3.5 always normalizes
 queries and keys), attention biases (the engines' Qwen3.5 has no o_proj bias), sliding-window layers,
 and gate "none" (a stock Qwen3, which serves as it is).
+
+A gated Qwen3-MoE (:class:`~gated_qwen.models.qwen3_moe_gated.configuration_qwen3_moe_gated.Qwen3MoeGatedConfig`)
+becomes transformers' Qwen3.5-MoE text model (``Qwen3_5MoeForCausalLM``, ``model_type "qwen3_5_moe_text"``), with
+the attention and norms mapped as above. Its MoE is Qwen3-MoE's (a softmax router choosing the top k experts,
+the same SwiGLU experts, stored one tensor per expert under the same names), plus a shared expert that
+Qwen3-MoE lacks: the export gives it zero weights, so it adds exactly 0 (``sigmoid(gate) * 0``), at the
+smallest size that shards like the experts (:func:`zero_shared_expert_size`). Router and experts are copied
+unchanged. Qwen3.5-MoE cannot express two things, refused with the reason: dense layers among the sparse ones
+(``mlp_only_layers``, ``decoder_sparse_step`` > 1: every Qwen3.5-MoE layer is sparse) and ``norm_topk_prob``
+false (its router always renormalises the top-k weights).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +50,8 @@ from transformers.utils import logging
 
 from ..checkpoint import CONFIG_NAME, check_weights_match_config
 from ..models.qwen3_gated.configuration_qwen3_gated import Qwen3GatedConfig
+from ..models.qwen3_moe_gated.configuration_qwen3_moe_gated import Qwen3MoeGatedConfig
+from .experts import is_fused_experts, saved_shapes, split_fused_experts
 from .pipeline import TensorMapping, source_config_from_dict, transform_checkpoint
 from ..errors import CheckpointError, GatedQwenError
 from ..models.layout import gate_dim, split_query_and_gate
@@ -95,7 +108,9 @@ def check_exportable(config: Qwen3GatedConfig, source: str = "the model") -> Non
             "(vLLM, llama.cpp) has no o_proj bias, so an export would not compute this model there; load it with "
             "gated_qwen's Qwen3GatedForCausalLM instead"
         )
-    if any(kind != "full_attention" for kind in config.layer_types):
+    moe = isinstance(config, Qwen3MoeGatedConfig)
+    # Qwen3 says per layer type; Qwen3-MoE applies its window (None unless use_sliding_window) to every layer.
+    if any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or ()) or (moe and config.sliding_window):
         raise CheckpointError(
             f"{source} has sliding-window layers (use_sliding_window), which Qwen3.5 does not have; "
             "load it with gated_qwen's Qwen3GatedForCausalLM instead"
@@ -106,13 +121,52 @@ def check_exportable(config: Qwen3GatedConfig, source: str = "the model") -> Non
             f"{source} has per-layer-type RoPE parameters ({sorted(rope)}), which Qwen3.5's one rotary embedding "
             "cannot express"
         )
+    if moe:
+        check_moe_exportable(config, source)
+
+
+def check_moe_exportable(config: Qwen3MoeGatedConfig, source: str = "the model") -> None:
+    """Refuse, with the reason, the mixture-of-experts layouts that Qwen3.5-MoE cannot express.
+
+    >>> check_moe_exportable(Qwen3MoeGatedConfig(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+    ...                                          num_experts=4, num_experts_per_tok=2, mlp_only_layers=[1]))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    gated_qwen.errors.CheckpointError: the model has dense layers among the sparse ones (layer 1: mlp_only_layers [1], ...
+    """
+    dense = [layer for layer in range(config.num_hidden_layers) if layer not in config.sparse_layers()]
+    if dense:
+        shown = ", ".join(map(str, dense[:8])) + (" ..." if len(dense) > 8 else "")
+        raise CheckpointError(
+            f"{source} has dense layers among the sparse ones (layer{'s' * (len(dense) > 1)} {shown}: mlp_only_layers "
+            f"{config.mlp_only_layers}, decoder_sparse_step {config.decoder_sparse_step}), and every Qwen3.5-MoE layer "
+            "has routed experts, so no Qwen3.5-MoE checkpoint computes this model; load it with gated_qwen's "
+            "Qwen3MoeGatedForCausalLM instead"
+        )
+    if not config.norm_topk_prob:
+        raise CheckpointError(
+            f"{source} has norm_topk_prob false (the top-k routing weights are not renormalised to sum to 1), and "
+            "Qwen3.5-MoE's router always renormalises them, so no Qwen3.5-MoE checkpoint computes this model; load it "
+            "with gated_qwen's Qwen3MoeGatedForCausalLM instead"
+        )
+
+
+def zero_shared_expert_size(moe_intermediate_size: int) -> int:
+    """The width of the export's zero shared expert: small (at most 64), and dividing the experts' width, so that
+    any tensor-parallel size that shards the experts evenly and is a power of two shards it evenly too.
+
+    >>> zero_shared_expert_size(768), zero_shared_expert_size(16), zero_shared_expert_size(1536)
+    (64, 16, 64)
+    """
+    return math.gcd(moe_intermediate_size, 64)
 
 
 def qwen3_5_config(config_dict: dict, source: str = "the model", dtype: torch.dtype | None = None) -> dict:
     """The Qwen3.5 ``config.json`` dict that computes what the gated ``config_dict`` computes.
 
     ``config_dict`` is a gated checkpoint's config.json (a released arm, or one saved by gated-qwen).
-    The result has ``model_type "qwen3_5_text"``, every layer ``full_attention`` (also as
+    The result has ``model_type "qwen3_5_text"`` (``"qwen3_5_moe_text"`` for a gated Qwen3-MoE, with its experts
+    and a zero shared expert), every layer ``full_attention`` (also as
     ``full_attention_interval: 1``, the key some engines read instead), ``partial_rotary_factor`` 1.0,
     a balanced ``mrope_section`` and the source's rope theta and scaling. ``dtype`` overrides the
     recorded dtype. Refuses what Qwen3.5 cannot compute (:func:`check_exportable`).
@@ -122,10 +176,11 @@ def qwen3_5_config(config_dict: dict, source: str = "the model", dtype: torch.dt
     >>> cfg["model_type"], cfg["layer_types"], cfg["rope_parameters"]["mrope_section"]
     ('qwen3_5_text', ['full_attention', 'full_attention'], [22, 21, 21])
     """
-    from transformers import Qwen3_5TextConfig
+    from transformers import Qwen3_5MoeTextConfig, Qwen3_5TextConfig
 
     config = source_config_from_dict(config_dict, source)
     check_exportable(config, source)
+    moe = isinstance(config, Qwen3MoeGatedConfig)
     head_dim = config.head_dim
     rope_parameters = {
         **config.rope_parameters,
@@ -134,10 +189,23 @@ def qwen3_5_config(config_dict: dict, source: str = "the model", dtype: torch.dt
         "mrope_interleaved": True,
     }
     recorded_dtype = dtype if dtype is not None else config.dtype
-    exported = Qwen3_5TextConfig(
+    if moe:
+        config_class, architecture = Qwen3_5MoeTextConfig, "Qwen3_5MoeForCausalLM"
+        mlp = dict(
+            moe_intermediate_size=config.moe_intermediate_size,
+            shared_expert_intermediate_size=zero_shared_expert_size(config.moe_intermediate_size),
+            num_experts=config.num_experts,
+            num_experts_per_tok=config.num_experts_per_tok,
+            output_router_logits=config.output_router_logits,
+            router_aux_loss_coef=config.router_aux_loss_coef,
+        )
+    else:
+        config_class, architecture = Qwen3_5TextConfig, "Qwen3_5ForCausalLM"
+        mlp = dict(intermediate_size=config.intermediate_size)
+    exported = config_class(
+        **mlp,
         vocab_size=config.vocab_size,
         hidden_size=config.hidden_size,
-        intermediate_size=config.intermediate_size,
         num_hidden_layers=config.num_hidden_layers,
         num_attention_heads=config.num_attention_heads,
         num_key_value_heads=config.num_key_value_heads,
@@ -156,7 +224,7 @@ def qwen3_5_config(config_dict: dict, source: str = "the model", dtype: torch.dt
         pad_token_id=config.pad_token_id,
         bos_token_id=config.bos_token_id,
         eos_token_id=config.eos_token_id,
-        architectures=["Qwen3_5ForCausalLM"],
+        architectures=[architecture],
         dtype=recorded_dtype,
     )
     # The linear_* keys this writes describe linear-attention layers the export does not have;
@@ -178,8 +246,9 @@ def export_tensor(name: str, tensor: torch.Tensor, config: Qwen3GatedConfig) -> 
 
     q_proj is laid out per head as ``[query_h | gate_h]`` with a headwise gate row repeated D times;
     a norm weight ``w`` becomes ``w - 1`` (computed in float32, stored in ``tensor``'s dtype);
-    a tied ``lm_head.weight`` is dropped (Qwen3.5 ties it to the embedding too); everything else is
-    returned as it is (the same object). ``config`` is the source's Qwen3GatedConfig. Works on meta
+    a tied ``lm_head.weight`` is dropped (Qwen3.5 ties it to the embedding too); an MoE's router is kept and
+    brings the zero shared expert (:func:`zero_shared_expert`), fused experts are split one tensor per expert;
+    everything else is returned as it is (the same object). ``config`` is the source's Qwen3GatedConfig. Works on meta
     tensors, so a plan of the output's shapes costs nothing.
 
     >>> config = Qwen3GatedConfig(hidden_size=8, num_attention_heads=2, num_key_value_heads=1, head_dim=4,
@@ -200,7 +269,31 @@ def export_tensor(name: str, tensor: torch.Tensor, config: Qwen3GatedConfig) -> 
         return [(name, (tensor.float() - 1).to(tensor.dtype))]
     if name == "lm_head.weight" and config.tie_word_embeddings:
         return []
+    if is_fused_experts(name):  # an MoE saved fused: written as save_pretrained writes experts
+        return split_fused_experts(name, tensor)
+    if name.endswith("mlp.gate.weight") and isinstance(config, Qwen3MoeGatedConfig):
+        return [(name, tensor), *zero_shared_expert(name.removesuffix("gate.weight"), tensor, config)]
     return [(name, tensor)]
+
+
+def zero_shared_expert(prefix: str, router: torch.Tensor, config: Qwen3MoeGatedConfig) -> list[tuple[str, torch.Tensor]]:
+    """Qwen3.5-MoE's shared expert and its gate for the layer whose MLP is ``prefix`` (``"model.layers.3.mlp."``),
+    all zero: the expert's output is 0 and ``sigmoid(0) * 0`` adds exactly nothing. Made beside the router, in its
+    dtype and on its device (meta in a plan).
+
+    >>> config = Qwen3MoeGatedConfig(hidden_size=8, num_attention_heads=2, num_key_value_heads=1, num_experts=2,
+    ...                              num_experts_per_tok=1, moe_intermediate_size=4)
+    >>> [(n, tuple(t.shape)) for n, t in zero_shared_expert("mlp.", torch.zeros(2, 8), config)][-1]
+    ('mlp.shared_expert_gate.weight', (1, 8))
+    """
+    hidden, width = config.hidden_size, zero_shared_expert_size(config.moe_intermediate_size)
+    shapes = {
+        "shared_expert.gate_proj.weight": (width, hidden),
+        "shared_expert.up_proj.weight": (width, hidden),
+        "shared_expert.down_proj.weight": (hidden, width),
+        "shared_expert_gate.weight": (1, hidden),
+    }
+    return [(prefix + name, router.new_zeros(shape)) for name, shape in shapes.items()]
 
 
 @dataclass
@@ -265,7 +358,8 @@ def export_checkpoint(
     verify: bool = False,
     progress: bool = True,
 ) -> ExportResult:
-    """Write the gated checkpoint ``src`` into ``dst`` as a stock transformers Qwen3.5 (``Qwen3_5ForCausalLM``).
+    """Write the gated checkpoint ``src`` into ``dst`` as a stock transformers Qwen3.5 (``Qwen3_5ForCausalLM``), or
+    Qwen3.5-MoE (``Qwen3_5MoeForCausalLM``) for a gated Qwen3-MoE.
 
     ``src`` is a gated checkpoint folder or hub id (a released arm, or one saved by gated-qwen); from the
     hub only config, weights, tokenizer and generation config are downloaded, never code. Tensors
@@ -274,7 +368,7 @@ def export_checkpoint(
     casts floating tensors first ("auto" keeps them). Tokenizer files and generation_config.json
     are copied; config.json is :func:`qwen3_5_config`'s. Norm weights that round when stored as
     ``w - 1`` are counted in ``result.norm_rounding`` and logged as a warning. ``verify`` loads the
-    source (Qwen3GatedForCausalLM) and the export (transformers' Qwen3_5ForCausalLM) in float32 on CPU
+    source (its gated class) and the export (transformers' Qwen3.5 or Qwen3.5-MoE) in float32 on CPU
     and records their largest logit difference on a short probe.
 
     ``src`` is only read. ``dst`` is written through :class:`gated_qwen.checkpoint.outputs.OutputFolder`: whole or
@@ -298,12 +392,9 @@ def export_checkpoint(
     rounding = NormRounding()
 
     def build(header, target_dtype) -> TensorMapping:
-        from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
-
         config, exported_config = exported["source_config"], exported["config"]
         check_weights_match_config(config, header.tensors, header.source)
-        with torch.device("meta"):
-            target = Qwen3_5ForCausalLM(Qwen3_5TextConfig.from_dict(exported_config))
+        target = qwen3_5_skeleton(exported_config)
         not_saved = {"lm_head.weight"} if exported_config["tie_word_embeddings"] else set()
 
         def observe(source_name: str, tensor: torch.Tensor, name: str, out: torch.Tensor) -> None:
@@ -312,7 +403,7 @@ def export_checkpoint(
 
         return TensorMapping(
             map_tensor=lambda name, tensor: export_tensor(name, tensor, config),
-            target_shapes={name: tuple(t.shape) for name, t in target.state_dict().items() if name not in not_saved},
+            target_shapes=saved_shapes(target, skip=not_saved),  # experts one tensor per expert, as saved
             not_saved=not_saved,
             write_config=lambda folder: (folder / CONFIG_NAME).write_text(json.dumps(exported_config, indent=2, sort_keys=True) + "\n"),
             observe=observe,
@@ -358,13 +449,12 @@ def max_logit_difference(source: str | os.PathLike, exported: str | os.PathLike)
     >>> max_logit_difference("path/to/1B_gate_headwise", "headwise-qwen3_5")  # doctest: +SKIP
     1.9073486328125e-06
     """
-    from transformers import Qwen3_5ForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    from ..models.qwen3_gated.modeling_qwen3_gated import Qwen3GatedForCausalLM
-
+    source_class, _ = model_classes(json.loads((Path(source) / CONFIG_NAME).read_text()))
     models = [
         model_class.from_pretrained(folder, dtype=torch.float32, device_map="cpu")
-        for model_class, folder in ((Qwen3GatedForCausalLM, source), (Qwen3_5ForCausalLM, exported))
+        for model_class, folder in ((source_class, source), (AutoModelForCausalLM, exported))
     ]
     probe = torch.randint(models[0].config.vocab_size, (1, 16), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
@@ -380,24 +470,42 @@ def parameter_counts(config_dict: dict) -> tuple[int, int]:
     ...                   "tie_word_embeddings": True, "headwise_attn_output_gate": True})
     (1721754624, 1838277632)
     """
-    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
-
-    from ..models.qwen3_gated.modeling_qwen3_gated import Qwen3GatedForCausalLM
-
+    gated_class, source_config = model_classes(config_dict)
     with torch.device("meta"):
-        gated = Qwen3GatedForCausalLM(source_config_from_dict(config_dict))
-        exported = Qwen3_5ForCausalLM(Qwen3_5TextConfig.from_dict(qwen3_5_config(config_dict)))
-    return gated.num_parameters(), exported.num_parameters()
+        gated = gated_class(source_config)
+    return gated.num_parameters(), qwen3_5_skeleton(qwen3_5_config(config_dict)).num_parameters()
+
+
+def model_classes(config_dict: dict):
+    """The gated causal-LM class for a gated checkpoint's config.json dict, and its config object."""
+    from ..models.qwen3_gated.modeling_qwen3_gated import Qwen3GatedForCausalLM
+    from ..models.qwen3_moe_gated.modeling_qwen3_moe_gated import Qwen3MoeGatedForCausalLM
+
+    config = source_config_from_dict(config_dict)
+    return (Qwen3MoeGatedForCausalLM if isinstance(config, Qwen3MoeGatedConfig) else Qwen3GatedForCausalLM), config
+
+
+def qwen3_5_skeleton(exported_config: dict):
+    """transformers' Qwen3.5 (or Qwen3.5-MoE) causal LM for an exported config dict, on the meta device."""
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig, Qwen3_5TextConfig
+
+    moe = exported_config.get("model_type") == Qwen3_5MoeTextConfig.model_type
+    model_class, config_class = (Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig) if moe else (Qwen3_5ForCausalLM, Qwen3_5TextConfig)
+    with torch.device("meta"):
+        return model_class(config_class.from_dict(exported_config))
 
 
 __all__ = [
     "ExportResult",
     "NormRounding",
     "check_exportable",
+    "check_moe_exportable",
     "export_checkpoint",
     "export_tensor",
     "max_logit_difference",
     "mrope_section",
     "parameter_counts",
     "qwen3_5_config",
+    "zero_shared_expert",
+    "zero_shared_expert_size",
 ]

@@ -45,6 +45,7 @@ from ..checkpoint import (
 from ..checkpoint.outputs import OutputFolder
 from ..errors import CheckpointError
 from ..models.qwen3_gated.configuration_qwen3_gated import Qwen3GatedConfig, normalize_config_dict
+from ..models.qwen3_moe_gated.configuration_qwen3_moe_gated import MOE_MODEL_TYPES, Qwen3MoeGatedConfig, normalize_moe_config_dict
 from ..utils.devices import resolve_dtype
 
 logger = logging.get_logger(__name__)
@@ -55,8 +56,8 @@ class TensorMapping:
     """A transform's plan: what each source tensor becomes, and what the target model holds.
 
     ``map_tensor(name, tensor)`` returns the ``(output name, tensor)`` pairs one source tensor becomes (none
-    to drop it); it must work on meta tensors (shapes only) and return ``tensor`` itself for a tensor it
-    leaves unchanged. ``target_shapes`` are the tensors the target model saves (from a skeleton on the meta
+    to drop it; several to split it or add tensors beside it); it must work on meta tensors (shapes only) and
+    return ``tensor`` itself, under its own name, for a tensor it leaves unchanged (copied byte for byte). ``target_shapes`` are the tensors the target model saves (from a skeleton on the meta
     device); ``not_saved`` those it holds but does not save (a tied ``lm_head``), dropped with a note.
     ``observe(source_name, source_tensor, output_name, output)`` sees each real tensor written (export counts
     the norm weights that round). ``advice`` ends the error for a source that does not fit.
@@ -94,14 +95,18 @@ class TransformedCheckpoint:
     max_difference: float | None = None
 
 
-def source_config_from_dict(config_dict: dict, source: str = "the model") -> Qwen3GatedConfig:
-    """Read a Qwen3 or Qwen3Gated config dict as a Qwen3GatedConfig, with one clear error otherwise."""
-    config_dict = normalize_config_dict(config_dict, source)
+def source_config_from_dict(config_dict: dict, source: str = "the model") -> Qwen3GatedConfig | Qwen3MoeGatedConfig:
+    """Read a config dict as its family's gated config, with one clear error otherwise: a Qwen3 or Qwen3Gated
+    one as a Qwen3GatedConfig, a Qwen3-MoE or Qwen3MoeGated one as a Qwen3MoeGatedConfig."""
+    if config_dict.get("model_type") in MOE_MODEL_TYPES:
+        config_class, family, config_dict = Qwen3MoeGatedConfig, "Qwen3-MoE", normalize_moe_config_dict(config_dict, source)
+    else:
+        config_class, family, config_dict = Qwen3GatedConfig, "Qwen3", normalize_config_dict(config_dict, source)
     try:
-        return Qwen3GatedConfig.from_dict(config_dict)
+        return config_class.from_dict(config_dict)
     except Exception as error:  # strict dataclass validation raises several error types
         reason = " ".join(str(error).split())  # validation messages span lines; the CLI prints one
-        raise CheckpointError(f"the config of {source} is not a valid Qwen3 config: {reason}") from None
+        raise CheckpointError(f"the config of {source} is not a valid {family} config: {reason}") from None
 
 
 def _listed(found: list[str]) -> str:
@@ -204,7 +209,8 @@ def transform_checkpoint(
 
     def produce(name: str):
         source_name = plan.origin[name]
-        stored = tensors.stored(source_name) if source_name in plan.unchanged else None
+        # A source kept as it is may yield further tensors too (export: the router and a zero shared expert).
+        stored = tensors.stored(source_name) if name == source_name and source_name in plan.unchanged else None
         if stored is not None:
             return stored  # copied byte for byte, unread
         tensor = tensors.get(source_name)

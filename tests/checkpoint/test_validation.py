@@ -22,7 +22,7 @@ from safetensors.torch import save_file
 
 from gated_qwen import Qwen3GatedConfig, Qwen3GatedForCausalLM
 from gated_qwen.checkpoint import TensorInfo, check_weights_match_config, weight_disagreements
-from gated_qwen.checkpoint.validation import SHAPE_RULES, DENSE, Dim, Expected, NoPlace, ShapeRule, dense_shape, split_layer_name
+from gated_qwen.checkpoint.validation import SHAPE_RULES
 from gated_qwen.errors import CheckpointError
 from gated_qwen.models.qwen3_gated import modeling_qwen3_gated
 
@@ -239,27 +239,7 @@ def test_the_real_arms_configs_pass_against_their_own_headers(name):
 # ---------------------------------------------------------------------------------------------- another model type
 
 
-def moe_shape(config, name):
-    """A stand-in for a Qwen3-MoE gated rule: experts and a router in place of the dense MLP."""
-    layer, local = split_layer_name(name)
-    if layer is not None and local.startswith("mlp."):
-        hidden, inner = Dim(config.hidden_size, "hidden_size"), Dim(config.moe_intermediate_size, "moe_intermediate_size")
-        if local == "mlp.gate.weight":
-            return Expected((Dim(config.num_experts, "num_experts"), hidden))
-        if local.startswith("mlp.experts.") and local.endswith(("gate_proj.weight", "up_proj.weight")):
-            return Expected((inner, hidden))
-        if local.startswith("mlp.experts.") and local.endswith("down_proj.weight"):
-            return Expected((hidden, inner))
-        return NoPlace()
-    return dense_shape(config, name)
-
-
-def moe_layer_tensors(config):
-    names = {k: v for k, v in DENSE.layer_tensors(config).items() if not k.startswith("mlp.")}
-    return {**names, "mlp.gate.weight": ""}
-
-
-def test_another_model_type_adds_its_shapes_without_changing_the_check(arm, monkeypatch):
+def test_another_model_type_adds_its_shapes_without_changing_the_check(arm):
     dense = Qwen3GatedConfig.from_pretrained(arm)
     tensors = {name: TensorInfo(tuple(t.shape), "F32") for name, t in torch.load(arm / "pytorch_model.bin", weights_only=True).items()}
     for layer in range(2):  # the dense MLP replaced by a router and two experts
@@ -272,11 +252,18 @@ def test_another_model_type_adds_its_shapes_without_changing_the_check(arm, monk
     # The dense type has no place for them: reported as such, not a crash on names it does not know.
     assert any("mlp.experts" in s and "no place for" in s for s in weight_disagreements(dense, tensors))
 
-    monkeypatch.setitem(SHAPE_RULES, "fake_moe_gated", ShapeRule(moe_shape, moe_layer_tensors))
+    # The MoE family's rule reads the same tensors through the same check.
+    assert "qwen3_moe_gated" in SHAPE_RULES
     moe = SimpleNamespace(**{k: getattr(dense, k) for k in (
         "num_hidden_layers", "hidden_size", "vocab_size", "num_attention_heads", "num_key_value_heads", "head_dim",
-        "gate_type", "attention_bias", "use_qk_norm")}, model_type="fake_moe_gated", moe_intermediate_size=32, num_experts=2)
+        "gate_type", "attention_bias", "use_qk_norm", "intermediate_size")}, model_type="qwen3_moe_gated",
+        moe_intermediate_size=32, num_experts=2, mlp_only_layers=[], decoder_sparse_step=1)
     assert weight_disagreements(moe, tensors) == []
+    # a third expert the config does not count, and a missing one, are both named
+    extra = {**tensors, "model.layers.0.mlp.experts.2.up_proj.weight": TensorInfo((32, 64), "F32")}
+    assert any("experts.2.up_proj" in s and "num_experts 2" in s for s in weight_disagreements(moe, extra))
+    lacking = {k: v for k, v in tensors.items() if k != "model.layers.1.mlp.experts.1.down_proj.weight"}
+    assert any("lacks" in s and "model.layers.1.mlp.experts.1.down_proj.weight" in s for s in weight_disagreements(moe, lacking))
     # its attention is still the dense rule's: a wrong kv head count is still found
     assert weight_disagreements(SimpleNamespace(**{**vars(moe), "num_key_value_heads": 4}), tensors)[0].startswith(
         "config.json says num_key_value_heads 4 and head_dim 16"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from huggingface_hub.dataclasses import strict
 from transformers import Qwen3Config
 from transformers.utils import logging
@@ -12,44 +14,19 @@ from ...errors import CheckpointError
 logger = logging.get_logger(__name__)
 
 
-@strict
-class Qwen3GatedConfig(Qwen3Config):
-    r"""Configuration of a Qwen3 model with a sigmoid gate on each head's attention output.
+@dataclass(repr=False, eq=False)
+class GatedAttentionConfigMixin:
+    """The gated-attention keys and rules that every gated family's config shares (dense Qwen3, Qwen3-MoE).
 
-    It reads a released gated-attention ``config.json`` as the files on the hub are: ``model_type
-    "qwen2"`` (the architecture is Qwen3 with QK-norm all the same), written by transformers 4.x with
-    ``rope_theta``/``rope_scaling``/``torch_dtype``/``auto_map`` and Qwen2-era keys, maybe without
-    ``head_dim``. It also reads a stock Qwen3 config, where the gate keys are absent and mean "no gate".
-    A release is recognised by its keys, not its model_type (:func:`is_gated_attention_config`); a
-    genuine Qwen2 config is refused (:func:`normalize_config_dict`).
+    A dataclass, so that ``@strict`` on the config that inherits it validates these fields with the rest.
+    It adds the gate flags, ``use_qk_norm``, ``qkv_bias`` and ``head_dim``, derives ``head_dim`` and the
+    attention biases in ``__post_init__``, checks the gate flags and head counts, and writes the keys the
+    released code reads in ``to_dict``. The config that inherits it names its own model type and
+    ``size_keys`` (the sizes :func:`check_sizes` refuses when not positive integers).
 
-    Keys beyond Qwen3Config:
-        headwise_attn_output_gate (`bool`, defaults to `False`): one gate logit per head.
-        elementwise_attn_output_gate (`bool`, defaults to `False`): one gate logit per head and channel.
-        use_qk_norm (`bool`, defaults to `True`): RMSNorm over head_dim on queries and keys.
-        head_dim (`int`, *optional*): when absent, ``hidden_size // num_attention_heads``, as the
-            released code computes it (transformers' Qwen3Config would assume 128).
-        qkv_bias (`bool`, *optional*): a bias on q_proj, k_proj, v_proj and o_proj. As in the
-            released code it, not ``attention_bias``, decides the biases; ``attention_bias`` is set to
-            match it. When absent (a stock Qwen3 config), ``attention_bias`` decides.
-
-    ``auto_map`` of a released config is dropped: it names Python files that this package never
-    runs. ``save_pretrained`` writes ``model_type "qwen3_gated"`` and also the released keys
-    (both gate flags, ``use_qk_norm``, ``qkv_bias``, ``rope_theta``), so the authors' code can still
-    read a checkpoint saved here.
-
-    Example:
-
-    >>> config = Qwen3GatedConfig(num_attention_heads=4, num_key_value_heads=2, headwise_attn_output_gate=True)
-    >>> config.gate_type
-    'headwise'
+    >>> Qwen3GatedConfig(num_attention_heads=4, num_key_value_heads=2, elementwise_attn_output_gate=True).gate_type
+    'elementwise'
     """
-
-    model_type = "qwen3_gated"
-    # A colwise shard of q_proj holds whole kv groups (queries and their gate rows together) when
-    # the shard count divides num_key_value_heads, because the released layout groups rows by kv
-    # head; so Qwen3's plan, inherited unchanged, shards the gate with its heads.
-    base_model_tp_plan = Qwen3Config.base_model_tp_plan
 
     headwise_attn_output_gate: bool = False
     elementwise_attn_output_gate: bool = False
@@ -60,7 +37,7 @@ class Qwen3GatedConfig(Qwen3Config):
     def __post_init__(self, **kwargs):
         kwargs.pop("auto_map", None)
         # Before head_dim is derived from them (a zero head count would divide by zero there).
-        check_sizes({key: getattr(self, key) for key in SIZE_KEYS})
+        check_sizes({key: getattr(self, key, None) for key in self.size_keys}, size_keys=self.size_keys)
         if self.head_dim is None:
             self.head_dim = self.hidden_size // self.num_attention_heads
         if self.qkv_bias is None:
@@ -72,15 +49,6 @@ class Qwen3GatedConfig(Qwen3Config):
         # Raised here as ValueError; `@strict` would wrap the same check in its own error type.
         self._check_gate_and_heads()
         super().__post_init__(**kwargs)
-
-    @classmethod
-    def get_config_dict(cls, pretrained_model_name_or_path, **kwargs):
-        config_dict, kwargs = super().get_config_dict(pretrained_model_name_or_path, **kwargs)
-        return normalize_config_dict(config_dict, pretrained_model_name_or_path), kwargs
-
-    @classmethod
-    def from_dict(cls, config_dict, **kwargs):
-        return super().from_dict(normalize_config_dict(config_dict), **kwargs)
 
     @property
     def gate_type(self) -> str:
@@ -116,6 +84,57 @@ class Qwen3GatedConfig(Qwen3Config):
         for key in ("headwise_attn_output_gate", "elementwise_attn_output_gate", "use_qk_norm", "qkv_bias"):
             output[key] = getattr(self, key)
         return output
+
+
+@strict
+class Qwen3GatedConfig(GatedAttentionConfigMixin, Qwen3Config):
+    r"""Configuration of a Qwen3 model with a sigmoid gate on each head's attention output.
+
+    It reads a released gated-attention ``config.json`` as the files on the hub are: ``model_type
+    "qwen2"`` (the architecture is Qwen3 with QK-norm all the same), written by transformers 4.x with
+    ``rope_theta``/``rope_scaling``/``torch_dtype``/``auto_map`` and Qwen2-era keys, maybe without
+    ``head_dim``. It also reads a stock Qwen3 config, where the gate keys are absent and mean "no gate".
+    A release is recognised by its keys, not its model_type (:func:`is_gated_attention_config`); a
+    genuine Qwen2 config is refused (:func:`normalize_config_dict`).
+
+    Keys beyond Qwen3Config (:class:`GatedAttentionConfigMixin`, shared with the MoE family):
+        headwise_attn_output_gate (`bool`, defaults to `False`): one gate logit per head.
+        elementwise_attn_output_gate (`bool`, defaults to `False`): one gate logit per head and channel.
+        use_qk_norm (`bool`, defaults to `True`): RMSNorm over head_dim on queries and keys.
+        head_dim (`int`, *optional*): when absent, ``hidden_size // num_attention_heads``, as the
+            released code computes it (transformers' Qwen3Config would assume 128).
+        qkv_bias (`bool`, *optional*): a bias on q_proj, k_proj, v_proj and o_proj. As in the
+            released code it, not ``attention_bias``, decides the biases; ``attention_bias`` is set to
+            match it. When absent (a stock Qwen3 config), ``attention_bias`` decides.
+
+    ``auto_map`` of a released config is dropped: it names Python files that this package never
+    runs. ``save_pretrained`` writes ``model_type "qwen3_gated"`` and also the released keys
+    (both gate flags, ``use_qk_norm``, ``qkv_bias``, ``rope_theta``), so the authors' code can still
+    read a checkpoint saved here.
+
+    Example:
+
+    >>> config = Qwen3GatedConfig(num_attention_heads=4, num_key_value_heads=2, headwise_attn_output_gate=True)
+    >>> config.gate_type
+    'headwise'
+    """
+
+    model_type = "qwen3_gated"
+    # A colwise shard of q_proj holds whole kv groups (queries and their gate rows together) when
+    # the shard count divides num_key_value_heads, because the released layout groups rows by kv
+    # head; so Qwen3's plan, inherited unchanged, shards the gate with its heads.
+    base_model_tp_plan = Qwen3Config.base_model_tp_plan
+    size_keys = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                 "num_key_value_heads", "head_dim")
+
+    @classmethod
+    def get_config_dict(cls, pretrained_model_name_or_path, **kwargs):
+        config_dict, kwargs = super().get_config_dict(pretrained_model_name_or_path, **kwargs)
+        return normalize_config_dict(config_dict, pretrained_model_name_or_path), kwargs
+
+    @classmethod
+    def from_dict(cls, config_dict, **kwargs):
+        return super().from_dict(normalize_config_dict(config_dict), **kwargs)
 
 
 # Keys that only the released gated-attention config (or one saved here) has; a stock Qwen3 or
@@ -166,33 +185,37 @@ def check_model_type(config_dict: dict, source="the config") -> str:
             f"{source} is a Qwen2 model (model_type 'qwen2' without the gated-attention keys: biases on q/k/v, "
             "no QK-norm), not a gated-attention release or Qwen3; load it with transformers' Qwen2ForCausalLM"
         )
+    if model_type in ("qwen3_moe", "qwen3_moe_gated"):
+        raise CheckpointError(
+            f"{source} is a {model_type!r} model (Qwen3-MoE), not dense Qwen3 or Qwen3Gated; read it with "
+            "Qwen3MoeGatedConfig / Qwen3MoeGatedForCausalLM (AutoModelForCausalLM after `import gated_qwen`)"
+        )
     raise CheckpointError(
         f"{source} is a {model_type!r} model, not Qwen3 or Qwen3Gated; gated-qwen reads the released "
-        "gated-attention arms (model_type 'qwen2' or 'qwen3' with the gate keys), stock Qwen3 and 'qwen3_gated'"
+        "gated-attention arms (model_type 'qwen2' or 'qwen3' with the gate keys), stock Qwen3 and 'qwen3_gated', "
+        "and Qwen3-MoE ('qwen3_moe', 'qwen3_moe_gated')"
     )
 
 
 # Sizes that decide the shapes of the weights: each a positive integer, or the config describes no model.
 # head_dim and num_key_value_heads may be absent (derived: hidden_size / num_attention_heads, num_attention_heads).
-SIZE_KEYS = (
-    "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-    "head_dim",
-)
+SIZE_KEYS = Qwen3GatedConfig.size_keys
 OPTIONAL_SIZE_KEYS = ("head_dim", "num_key_value_heads")
 
 
-def check_sizes(values: dict, source: str = "the config") -> None:
+def check_sizes(values: dict, source: str = "the config", size_keys: tuple[str, ...] = SIZE_KEYS) -> None:
     """Refuse sizes that make no model, naming the key: zero, negative or non-integer sizes, and a missing
     ``head_dim`` where ``num_attention_heads`` does not divide ``hidden_size`` (the released code derives it so).
 
     ``values`` is a config.json's dict or a config's fields; absent keys are left to their defaults.
+    ``size_keys`` are the sizes checked (a family's config names its own: the MoE adds the expert counts).
 
     >>> check_sizes({"vocab_size": 0})
     Traceback (most recent call last):
     ...
     gated_qwen.errors.CheckpointError: the config says vocab_size 0, which makes no model: it must be a positive integer
     """
-    for key in SIZE_KEYS:
+    for key in size_keys:
         value = values.get(key)
         if value is None and (key in OPTIONAL_SIZE_KEYS or key not in values):
             continue
@@ -225,4 +248,4 @@ def normalize_config_dict(config_dict: dict, source="the config") -> dict:
     return {**config_dict, "model_type": Qwen3GatedConfig.model_type}
 
 
-__all__ = ["Qwen3GatedConfig", "check_model_type", "check_sizes", "is_gated_attention_config", "normalize_config_dict"]
+__all__ = ["GatedAttentionConfigMixin", "Qwen3GatedConfig", "check_model_type", "check_sizes", "is_gated_attention_config", "normalize_config_dict"]

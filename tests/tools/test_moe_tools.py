@@ -1,0 +1,89 @@
+"""The tools on mixture-of-experts models (issue 23): inspect, generate, analyze (with the router's load)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from transformers import Qwen3MoeForCausalLM
+
+from gated_qwen import Qwen3MoeGatedConfig, convert_checkpoint
+from gated_qwen.cli import main
+from gated_qwen.cli.inspect import describe
+from gated_qwen.tools import analysis
+from gated_qwen.tools.generation import load_model
+
+REPO_CONFIGS = __import__("pathlib").Path(__file__).resolve().parents[2] / "gated_qwen" / "configs"
+
+
+@pytest.fixture(scope="module")
+def gated_moe(stock_moe_dense_layer, tmp_path_factory):
+    """The stock MoE with a dense layer, converted headwise with random gate rows."""
+    folder = tmp_path_factory.mktemp("moe_tools") / "gated"
+    torch.manual_seed(0)
+    convert_checkpoint(stock_moe_dense_layer, folder, gate="headwise", init="random", progress=False)
+    return folder
+
+
+def test_inspect_counts_total_and_active_parameters(stock_moe_dense_layer, gated_moe, capsys):
+    facts = describe(str(stock_moe_dense_layer))
+    stock = Qwen3MoeForCausalLM.from_pretrained(stock_moe_dense_layer)
+    assert facts["parameters"] == stock.num_parameters() and facts["kind"] == "stock Qwen3-MoE"
+    # a token uses 2 of 4 experts (width 16, hidden 32) in each of the 2 sparse layers
+    assert facts["active_parameters"] == facts["parameters"] - 2 * (4 - 2) * 3 * 32 * 16
+    assert (facts["num_experts"], facts["num_experts_per_tok"], facts["sparse_layers"]) == (4, 2, 2)
+    gated = describe(str(gated_moe))
+    assert gated["gate_type"] == "headwise" and gated["parameters"] == facts["parameters"] + 3 * 4 * 32
+    assert main(["inspect", str(gated_moe)]) == 0
+    out = capsys.readouterr().out
+    assert "4 of width 16, 2 per token, in 2 of 3 layers" in out and f"{gated['active_parameters']:,}" in out
+
+
+def test_the_papers_moe_config_has_its_stated_size():
+    config = Qwen3MoeGatedConfig.from_json_file(REPO_CONFIGS / "moe_15B_A2B_headwise.json")
+    assert (config.num_experts, config.num_experts_per_tok, config.gate_type) == (128, 8, "headwise")
+    assert (config.num_attention_heads, config.num_key_value_heads) == (32, 4)
+    from gated_qwen import Qwen3MoeGatedForCausalLM
+
+    with torch.device("meta"):
+        total = Qwen3MoeGatedForCausalLM(config).num_parameters()
+    assert 15.0e9 <= total < 16.0e9  # "15B total parameters"
+    assert total - config.idle_expert_parameters() == 1_989_255_168  # active per token (README says why not 2.54B)
+
+
+def test_generate_runs_a_moe_checkpoint(gated_moe, capsys):
+    assert main(["generate", "--model", str(gated_moe), "Hello world", "--max-new-tokens", "4", "--device", "cpu", "--json",
+                 "--no-stream"]) == 0
+    result = json.loads(capsys.readouterr().out.splitlines()[0])
+    assert result["new_tokens"] == 4
+    model = load_model(str(gated_moe), device="cpu")
+    assert type(model).__name__ == "Qwen3MoeGatedForCausalLM" and not model.training
+
+
+def test_router_load_beside_the_gates(gated_moe, stock_moe_dense_layer, tmp_path):
+    model = load_model(str(gated_moe), device="cpu")
+    ids = torch.randint(320, (1, 40), generator=torch.Generator().manual_seed(0))
+    rows = analysis.router_load(model, ids)
+    assert [row["layer"] for row in rows] == [0, 2]  # the sparse layers; layer 1 is dense
+    for row in rows:
+        assert sum(row["load"]) == pytest.approx(1.0) and len(row["load"]) == 4
+        assert row["max_over_even"] >= 1.0 and row["max_over_even"] == pytest.approx(max(row["load"]) * 4)
+        assert row["unused"] == sum(share == 0 for share in row["load"])
+        assert sum(row["mean_probability"]) == pytest.approx(1.0, abs=1e-5)
+    # an identity conversion computes the stock model, routers included; the random gates route differently
+    convert_checkpoint(stock_moe_dense_layer, tmp_path / "identity", gate="elementwise", progress=False)
+    identity = analysis.router_load(load_model(str(tmp_path / "identity"), device="cpu"), ids)
+    stock = analysis.router_load(load_model(str(stock_moe_dense_layer), device="cpu"), ids)
+    assert identity == stock and stock != rows
+    # massive activations cover every decoder layer, sparse or dense
+    assert [row["layer"] for row in analysis.massive_activations(model, ids)] == [0, 1, 2]
+
+
+def test_analyze_reports_router_load_and_gates(gated_moe, tmp_path, capsys):
+    out = tmp_path / "analysis"
+    assert main(["analyze", str(gated_moe), "--prompt", "The gate scales each head. Hello world, hello gates.",
+                 "--out", str(out), "--no-plots", "--device", "cpu"]) == 0
+    report = json.loads((out / "analysis.json").read_text())["models"]["gated"]
+    assert report["gates"] is not None and [row["layer"] for row in report["router_load"]] == [0, 2]
+    assert "router max/even" in capsys.readouterr().out
