@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["GATED_UNIT_STYLES", "check_and_adapt_tp_plan"]
+__all__ = ["GATED_UNIT_STYLES", "GatedQProjTensorParallelMixin", "check_and_adapt_tp_plan"]
 
 # transformers' style -> this model's replacement for q_proj / o_proj (registered in ALL_PARALLEL_STYLES under these names)
 GATED_UNIT_STYLES = {"unit_colwise": "qwen3_gated_unit_colwise", "unit_rowwise": "qwen3_gated_unit_rowwise"}
@@ -170,3 +170,19 @@ def adapt_distributed_config(model, distributed_config):
     adapted = copy.copy(distributed_config)
     adapted.tp_plan = (override if isinstance(override, dict) else {}) | changes
     return adapted
+
+
+class GatedQProjTensorParallelMixin:
+    """For the PreTrainedModel classes of models with the gated attention (dense and MoE), before transformers' base.
+
+    q_proj's gate rows must stay with their kv group on each rank: the plan is checked, and transformers' unit
+    styles (which count gate rows as heads) are swapped for ones counting kv groups, before transformers applies it.
+    ``maybe_distribute_model`` is the classmethod of transformers' ``DistributedMixin`` that ``from_pretrained``
+    calls to shard a model (transformers 5.19 - 5.25, docs/compatibility.md).
+    """
+
+    @classmethod
+    def maybe_distribute_model(cls, model, distributed_config, mesh_manager):
+        if mesh_manager is not None:
+            distributed_config = adapt_distributed_config(model, distributed_config)
+        return super().maybe_distribute_model(model, distributed_config, mesh_manager)

@@ -103,6 +103,7 @@ def test_the_schedule_steps_once_per_optimizer_step_under_two_processes(runs):
 
 
 def test_two_processes_write_one_final_folder_and_nothing_else(runs):
+    pytest.importorskip("matplotlib", reason="the run's folder listing includes loss.png (the plot extra)")
     assert sorted(p.name for p in (runs / "two").iterdir()) == [
         "checkpoint-3", "checkpoint-6", "final", "log.csv", "loss.png", "summary.json", "tokenizer", "train_args.json"
     ]

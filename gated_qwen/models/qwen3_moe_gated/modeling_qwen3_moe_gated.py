@@ -29,6 +29,7 @@ from transformers.utils.output_capturing import OutputRecorder
 
 from ..auto import register_with_transformers
 from ..qwen3_gated.modeling_qwen3_gated import Qwen3GatedAttention
+from ..tensor_parallel import GatedQProjTensorParallelMixin
 from .configuration_qwen3_moe_gated import Qwen3MoeGatedConfig
 
 
@@ -49,7 +50,7 @@ class Qwen3MoeGatedDecoderLayer(Qwen3MoeDecoderLayer):
         self.self_attn = Qwen3MoeGatedAttention(config=config, layer_idx=layer_idx)
 
 
-class Qwen3MoeGatedPreTrainedModel(Qwen3MoePreTrainedModel):
+class Qwen3MoeGatedPreTrainedModel(GatedQProjTensorParallelMixin, Qwen3MoePreTrainedModel):
     config_class = Qwen3MoeGatedConfig
     config: Qwen3MoeGatedConfig
     _no_split_modules = ["Qwen3MoeGatedDecoderLayer"]
