@@ -78,7 +78,7 @@ def record_run(name: str, junit: Path, log: Path) -> dict:
 
 def markdown(report: dict) -> str:
     rows = [
-        "| run | transformers | torch | passed | skipped | failed | common tests passed / skipped | TP tests passed / skipped |",
+        "| run | transformers | torch | tests passed | skipped | failed | common tests passed / skipped | TP tests passed / skipped |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for run in report["runs"]:
@@ -92,9 +92,11 @@ def markdown(report: dict) -> str:
     summaries = "\n".join(f"- {run['name']}: `{run['pytest_summary']}`" for run in report["runs"])
     return (
         "The test command (`python -m pytest -q`) on both ends of the transformers range, in the last run that "
-        "recorded them (tests counted once however many subtests they have):\n\n"
+        "recorded them. The table counts the test cases of pytest's JUnit report (`tests/models/"
+        "test_modeling_qwen3_gated_common.py`: transformers' common tests; `tests/models/test_tensor_parallel.py`: "
+        "the 2-rank tests); pytest's own summary line, which counts a few reports more, follows it.\n\n"
         + "\n".join(rows)
-        + f"\n\npytest's own summaries:\n\n{summaries}\n\n{describe(report)}\n"
+        + f"\n\npytest's summary lines:\n\n{summaries}\n\n{describe(report)}\n"
     )
 
 
