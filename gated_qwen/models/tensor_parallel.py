@@ -104,16 +104,18 @@ def check_and_adapt_tp_plan(plan: dict[str, str], num_key_value_heads: int, tp_s
     return changes
 
 
-def register_gated_unit_styles() -> None:
+def register_gated_unit_styles() -> bool:
     """Register :data:`GATED_UNIT_STYLES` in transformers' parallel styles, where transformers has unit styles.
 
-    A no-op on transformers before 5.25 (no ``UnitColwiseParallel``; a plan naming ``unit_colwise`` is refused
-    there by transformers itself).
+    False on transformers before 5.25 (no ``UnitColwiseParallel``): nothing is registered, and a plan naming
+    ``unit_colwise`` is refused there by transformers itself.
     """
     from transformers.distributed import tensor_parallel
 
-    if not hasattr(tensor_parallel, "UnitColwiseParallel") or GATED_UNIT_STYLES["unit_colwise"] in tensor_parallel.ALL_PARALLEL_STYLES:
-        return
+    if not hasattr(tensor_parallel, "UnitColwiseParallel"):
+        return False
+    if GATED_UNIT_STYLES["unit_colwise"] in tensor_parallel.ALL_PARALLEL_STYLES:
+        return True
     from torch.distributed.tensor import Replicate, Shard
 
     class _KvGroupUnits:
@@ -146,6 +148,7 @@ def register_gated_unit_styles() -> None:
     tensor_parallel.ALL_PARALLEL_STYLES.register(
         GATED_UNIT_STYLES["unit_rowwise"], GatedUnitRowwise(input_layouts=Shard(-1), output_layouts=Replicate())
     )
+    return True
 
 
 def adapt_distributed_config(model, distributed_config):
@@ -164,9 +167,8 @@ def adapt_distributed_config(model, distributed_config):
         return distributed_config
     plan = dict(model.tp_plan) | (override if isinstance(override, dict) else {})
     changes = check_and_adapt_tp_plan(plan, model.config.num_key_value_heads, distributed_config.tp_size)
-    if not changes:
+    if not changes or not register_gated_unit_styles():  # (before 5.25 transformers refuses the unit styles itself)
         return distributed_config
-    register_gated_unit_styles()
     adapted = copy.copy(distributed_config)
     adapted.tp_plan = (override if isinstance(override, dict) else {}) | changes
     return adapted
