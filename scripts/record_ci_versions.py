@@ -94,7 +94,8 @@ def markdown(report: dict) -> str:
         "The test command (`python -m pytest -q`) on both ends of the transformers range, in the last run that "
         "recorded them. The table counts the test cases of pytest's JUnit report (`tests/models/"
         "test_modeling_qwen3_gated_common.py`: transformers' common tests; `tests/models/test_tensor_parallel.py`: "
-        "the 2-rank tests); pytest's own summary line, which counts a few reports more, follows it.\n\n"
+        "the 2-rank tests), a test with subtests once; pytest's own summary line, which also counts some "
+        "subtests' reports, follows it.\n\n"
         + "\n".join(rows)
         + f"\n\npytest's summary lines:\n\n{summaries}\n\n{describe(report)}\n"
     )
