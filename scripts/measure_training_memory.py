@@ -5,8 +5,8 @@ Builds a corpus of about --base-mb MB of JSON lines (the standard-library docstr
 times larger, a BPE tokenizer once (so both runs tokenize alike), then measures in fresh processes the peak
 resident memory (``wait4``'s ``ru_maxrss``) of:
 
-* ``gated-qwen train --streaming`` for --steps steps on each corpus;
-* ``gated-qwen train`` (Arrow cache, memory-mapped) for --steps steps on each corpus;
+* ``gated-qwen train --streaming`` (the default) for --steps steps on each corpus;
+* ``gated-qwen train --no-streaming`` (datasets' Arrow cache, built first, memory-mapped) likewise;
 * one whole pass of the data pipeline over each corpus (streamed, tokenized and packed into rows: what
   training reads, to the last row), without a model;
 * for scale, the in-memory helpers this package used before (``read_documents`` + ``pack_documents``) on the
@@ -118,9 +118,9 @@ def main(argv: list[str] | None = None) -> int:
                 command = [sys.executable, "-m", "gated_qwen", "train", "--train-file", corpus["path"], "--tokenizer", str(tokenizer),
                            "--config", str(ROOT / "configs" / "small_4M.json"), "--seq-len", "256", "--batch-size", "8",
                            "--max-steps", str(args.steps), "--warmup-steps", "2", "--eval-every", str(args.steps),
-                           "--out", str(out), "--no-progress", "--threads", "2"] + (["--streaming"] if streaming else [])
+                           "--out", str(out), "--no-progress", "--threads", "2", "--streaming" if streaming else "--no-streaming"]
                 result = measured(command, env)
-                rows.append({"what": f"train {args.steps} steps" + (" --streaming" if streaming else " (Arrow cache)"),
+                rows.append({"what": f"train {args.steps} steps" + (" --streaming" if streaming else " --no-streaming (Arrow cache)"),
                              "corpus": name, **corpus, "peak_mib": result["peak_mib"], "seconds": result["seconds"]})
                 print(rows[-1], file=sys.stderr)
             result = measured([sys.executable, "-c", DATA_PASS, corpus["path"], str(tokenizer)], env)
