@@ -98,3 +98,19 @@ def test_train_file_and_dataset_are_exclusive(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["train", "--train-file", "a.jsonl", "--dataset", "b", "--out", str(tmp_path / "o"), "--max-steps", "1"])
     assert "not allowed with argument" in capsys.readouterr().err
+
+
+def test_cli_trains_on_a_dataset_folder_with_a_heldout_split(tmp_path, capsys):
+    folder = tmp_path / "data"
+    folder.mkdir()
+    write_jsonl(folder / "train.jsonl", field="content")
+    write_jsonl(folder / "validation.jsonl", field="content")
+    config = str(Path(__file__).parents[2] / "configs" / "tiny_headwise.json")
+    status = main(["train", "--dataset", str(folder), "--text-field", "content", "--heldout-split", "validation",
+                   "--config", config, "--vocab-size", "300", "--seq-len", "16", "--batch-size", "2", "--max-steps", "2",
+                   "--eval-every", "2", "--eval-rows", "2", "--out", str(tmp_path / "run"), "--threads", "1", "--no-progress"])
+    assert status == 0, capsys.readouterr().err
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["steps"] == 2 and summary["heldout"]["tokens"] == 2 * 15
+    saved = json.loads((tmp_path / "run" / "train_args.json").read_text())
+    assert (saved["dataset"], saved["text_field"], saved["heldout_split"]) == (str(folder), "content", "validation")
