@@ -167,3 +167,30 @@ def test_peft_lora_takes_the_stock_qwen3_defaults():
 def test_the_bare_model_returns_hidden_states():
     model = Qwen3MoeGatedModel(tiny_gated("headwise").config)
     assert model(IDS).last_hidden_state.shape == (1, IDS.shape[1], 32)
+
+
+def test_a_converted_moe_trains_with_the_routers_auxiliary_loss(stock_moe):
+    """The model side of `train --init-from` a Qwen3-MoE with --gate: a loaded stock MoE converted in memory
+    trains, the gradient reaching the gate rows, the router and the experts; the loss includes the aux loss."""
+    from gated_qwen import convert_qwen3_to_gated
+
+    model = convert_qwen3_to_gated(Qwen3MoeForCausalLM.from_pretrained(stock_moe), gate="headwise", init="random")
+    model.config.output_router_logits = True
+    model.train()
+    model.gradient_checkpointing_enable()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(5):
+        out = model(IDS, labels=IDS)
+        assert out.aux_loss is not None
+        without_aux = torch.nn.functional.cross_entropy(out.logits[0, :-1], IDS[0, 1:])
+        torch.testing.assert_close(out.loss, without_aux + model.config.router_aux_loss_coef * out.aux_loss)
+        optimizer.zero_grad()
+        out.loss.backward()
+        layer = model.model.layers[0]
+        gate_rows = layer.self_attn.q_proj.weight.grad.view(2, -1, 32)[:, -2:]  # each kv group's 2 gate rows
+        assert gate_rows.abs().sum() > 0 and layer.mlp.gate.weight.grad.abs().sum() > 0
+        assert layer.mlp.experts.gate_up_proj.grad.abs().sum() > 0
+        optimizer.step()
+        losses.append(out.loss.item())
+    assert losses[-1] < losses[0]
