@@ -194,3 +194,45 @@ def test_a_converted_moe_trains_with_the_routers_auxiliary_loss(stock_moe):
         optimizer.step()
         losses.append(out.loss.item())
     assert losses[-1] < losses[0]
+
+
+TENSOR_PARALLEL_CHILD = r"""
+import sys, torch, torch.distributed as dist
+from gated_qwen import Qwen3MoeGatedForCausalLM
+
+torch.set_num_threads(1)
+dist.init_process_group("gloo")
+model = Qwen3MoeGatedForCausalLM.from_pretrained(sys.argv[1], tp_plan="auto")
+ids = torch.randint(320, (2, 12), generator=torch.Generator().manual_seed(0))
+with torch.no_grad():
+    logits = model(ids).logits
+q_proj = model.model.layers[0].self_attn.q_proj.weight
+local_rows = (q_proj.to_local() if hasattr(q_proj, "to_local") else q_proj).shape[0]
+if dist.get_rank() == 0:
+    torch.save({"logits": logits, "local_q_rows": local_rows}, sys.argv[2])
+dist.destroy_process_group()
+"""
+
+
+def test_transformers_tensor_parallel_keeps_each_kv_group_with_its_gate_rows(stock_moe_dense_layer, tmp_path):
+    """transformers' own tensor parallelism (tp_plan="auto", 2 processes over gloo on CPU) shards q_proj by kv
+    group, gate rows with their queries, and computes what one process computes."""
+    import subprocess
+    import sys
+
+    from gated_qwen import convert_checkpoint
+
+    torch.manual_seed(0)
+    convert_checkpoint(stock_moe_dense_layer, tmp_path / "gated", gate="headwise", init="random", progress=False)
+    (tmp_path / "child.py").write_text(TENSOR_PARALLEL_CHILD)
+    subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(tmp_path / "child.py"),
+         str(tmp_path / "gated"), str(tmp_path / "out.pt")],
+        check=True, capture_output=True, timeout=600,
+    )
+    result = torch.load(tmp_path / "out.pt", weights_only=True)
+    assert result["local_q_rows"] == 4 * (8 + 1) // 2  # one kv group: 2 heads' queries and their 2 gate rows
+    single = Qwen3MoeGatedForCausalLM.from_pretrained(tmp_path / "gated")
+    ids = torch.randint(320, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(result["logits"], single(ids).logits, atol=1e-5, rtol=1e-5)
