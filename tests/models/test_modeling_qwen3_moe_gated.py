@@ -31,7 +31,7 @@ def tiny_gated(gate="headwise", **kwargs) -> Qwen3MoeGatedForCausalLM:
     model = Qwen3MoeGatedForCausalLM(config)
     with torch.no_grad():  # routers that route and gates that are not all sigmoid(0)
         for name, parameter in model.named_parameters():
-            if name.endswith("mlp.gate.weight") or name.endswith("q_proj.weight"):
+            if name.endswith(("mlp.gate.weight", "q_proj.weight")):
                 parameter.normal_(0, 0.5)
     return model.eval()
 
