@@ -7,3 +7,14 @@ class GatedQwenError(Exception):
 
 class CheckpointError(GatedQwenError, ValueError):
     """A checkpoint (config or weights) that does not match what it claims or what was asked for."""
+
+
+class WeightShapeMismatchError(CheckpointError, RuntimeError):
+    """Weights whose shapes the config does not describe.
+
+    Also a :class:`RuntimeError`, the error transformers' ``from_pretrained`` raises for mismatched sizes, so
+    code written against transformers catches it the same way.
+
+    >>> isinstance(WeightShapeMismatchError("vocab_size"), (CheckpointError, RuntimeError))
+    True
+    """

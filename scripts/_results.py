@@ -102,13 +102,13 @@ def _write_atomically(path: Path, text: str) -> None:
     os.replace(f.name, path)
 
 
-def write_results(folder: str | os.PathLike, report: dict, markdown: str) -> Path:
-    """Write ``results.json`` and ``results.md`` into ``folder``; each file is whole, old or new."""
+def write_results(folder: str | os.PathLike, report: dict, markdown: str, name: str = "results") -> Path:
+    """Write ``<name>.json`` and ``<name>.md`` into ``folder``; each file is whole, old or new."""
     import json
 
     folder = Path(folder)
-    _write_atomically(folder / "results.json", json.dumps(report, indent=2) + "\n")
-    _write_atomically(folder / "results.md", markdown)
+    _write_atomically(folder / f"{name}.json", json.dumps(report, indent=2) + "\n")
+    _write_atomically(folder / f"{name}.md", markdown)
     return folder
 
 

@@ -26,7 +26,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, WeightShapeMismatchError
 from ..models.layout import gate_type_for_rows, q_proj_rows
 from .formats import TensorInfo
 
@@ -342,19 +342,20 @@ def check_weights_match_config(
 ) -> None:
     """Refuse, from the headers and before anything is built, weights that ``config`` does not describe.
 
-    Raises one :class:`CheckpointError` with the first disagreement of :func:`weight_disagreements`
+    Raises one :class:`~gated_qwen.errors.WeightShapeMismatchError` (a :class:`CheckpointError` and, as transformers'
+    own size mismatch, a :class:`RuntimeError`) with the first disagreement of :func:`weight_disagreements`
     (``"config.json says vocab_size 500000000, but model.embed_tokens.weight is (160, 64), not (500000000, 64)"``),
     how many more there are, and what to do; ``advice`` is added to the last (say, ``strict=False``).
 
     >>> check_weights_match_config(config, read_checkpoint_header(folder).tensors, str(folder))  # doctest: +SKIP
     """
-    _refuse(source, weight_disagreements(config, tensors, sizes), advice)
+    _refuse(source, weight_disagreements(config, tensors, sizes), advice, error=WeightShapeMismatchError)
 
 
-def _refuse(source: str, sentences: list[str], advice: str) -> None:
+def _refuse(source: str, sentences: list[str], advice: str, error: type[CheckpointError] = CheckpointError) -> None:
     if sentences:
         more = f" (and {len(sentences) - 1} more disagreement{'s' * (len(sentences) > 2)})" if len(sentences) > 1 else ""
-        raise CheckpointError(
+        raise error(
             f"{source}: {sentences[0]}{more}. The config does not describe these weights: use the config.json that "
             f"came with them, or correct the key it names{advice}."
         )

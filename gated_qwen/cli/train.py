@@ -7,8 +7,8 @@ import json
 
 
 def add_parser(subparsers) -> None:
-    from ..utils.names import CONVERSION_INITS, GATE_TYPES
     from ..tools.training_args import DEFAULT_VOCAB_SIZE, TRAINABLE, TrainingArguments
+    from ..utils.names import CONVERSION_INITS, GATE_TYPES
 
     defaults = TrainingArguments(train_file="", output_dir="")
     parser = subparsers.add_parser(
@@ -16,11 +16,27 @@ def add_parser(subparsers) -> None:
         help="train a gated (or baseline) model from scratch, or continue a Qwen3 / Qwen3Gated checkpoint",
         description="Train a Qwen3Gated model from scratch (byte-level BPE tokenizer trained on the text), or continue "
         "a checkpoint with --init-from, converting a model without a gate with --gate. AdamW with warmup and cosine "
-        "decay, held-out loss every --eval-every steps, log.csv, loss.png, resumable checkpoints, the model in "
-        "OUT/final. Runs on CPU, one GPU, or several under `accelerate launch`.",
+        "decay on transformers' Trainer, held-out loss every --eval-every steps, log.csv, loss.png, resumable checkpoints, "
+        "the model in OUT/final. Data through Hugging Face datasets, streamed, sharded across processes and packed on "
+        "the fly. Runs on CPU, one GPU, or several processes under `torchrun` or `accelerate launch` (DDP; FSDP and "
+        "DeepSpeed on GPUs).",
     )
     data = parser.add_argument_group("data")
-    data.add_argument("--train-file", required=True, help="training text: .jsonl with a \"text\" field per line, or .txt")
+    source = data.add_mutually_exclusive_group(required=True)
+    source.add_argument("--train-file", help="training text: local .jsonl/.json/.parquet/.csv file(s) (comma-separated) "
+                        "with a text field, or .txt (one document per file)")
+    source.add_argument("--dataset", help="training text: a Hugging Face data set (hub id or local folder) read with datasets")
+    data.add_argument("--dataset-config", help="the --dataset configuration (its name on the hub)")
+    data.add_argument("--split", default=defaults.split, help="the --dataset split to train on (default %(default)s)")
+    data.add_argument("--heldout-split", help="a --dataset split to evaluate on, instead of --heldout-file")
+    data.add_argument("--text-field", default=defaults.text_field, help="the field holding the text (default %(default)s)")
+    data.add_argument("--streaming", action="store_true",
+                      help="stream the data as it trains (datasets streaming) instead of building an Arrow cache first")
+    data.add_argument("--data-shards", type=int, metavar="N",
+                      help="read the data as N shards, process r of W taking shards r, r+W, ... (default: one per process); "
+                      "runs with the same N see the same rows per step whatever their process count")
+    data.add_argument("--shuffle-buffer", type=int, default=defaults.shuffle_buffer,
+                      help="documents in each shard's shuffle buffer (default %(default)s)")
     data.add_argument("--heldout-file", help="held-out text, same formats; evaluated every --eval-every steps")
     data.add_argument("--tokenizer", help="from scratch: a tokenizer folder to use instead of training one")
     data.add_argument("--vocab-size", type=int, help=f"from scratch: BPE vocabulary to train (default {DEFAULT_VOCAB_SIZE})")
@@ -43,7 +59,10 @@ def add_parser(subparsers) -> None:
     model.add_argument("--gate-lr-scale", type=float, default=defaults.gate_lr_scale, metavar="X",
                        help="learning rate of the gate rows: --lr times X (default %(default)s)")
     optim = parser.add_argument_group("optimisation")
-    optim.add_argument("--batch-size", type=int, default=defaults.batch_size, help="rows per step per process (default %(default)s)")
+    optim.add_argument("--batch-size", type=int, default=defaults.batch_size,
+                       help="rows per step per process and accumulation step (default %(default)s)")
+    optim.add_argument("--gradient-accumulation-steps", type=int, default=defaults.gradient_accumulation_steps, metavar="N",
+                       help="batches accumulated into one optimizer step (default %(default)s)")
     budget = optim.add_mutually_exclusive_group(required=True)
     budget.add_argument("--max-steps", type=int, help="optimizer steps")
     budget.add_argument("--max-tokens", type=int, help="token budget (sets the steps)")
@@ -54,6 +73,8 @@ def add_parser(subparsers) -> None:
     optim.add_argument("--max-grad-norm", type=float, default=defaults.max_grad_norm, help="gradient clipping (default %(default)s)")
     optim.add_argument("--precision", choices=("auto", "bf16", "fp32"), default=defaults.precision,
                        help="auto: bf16 autocast on a GPU that supports it, else fp32 (default %(default)s)")
+    optim.add_argument("--bf16", action="store_true", help="bf16 autocast (the same as --precision bf16)")
+    optim.add_argument("--gradient-checkpointing", action="store_true", help="recompute activations in the backward pass")
     optim.add_argument("--seed", type=int, default=defaults.seed, help="weights and data order (default %(default)s)")
     run = parser.add_argument_group("run")
     run.add_argument("--out", required=True, help="output folder")
@@ -63,6 +84,12 @@ def add_parser(subparsers) -> None:
     run.add_argument("--eval-rows", type=int, default=defaults.eval_rows, help="held-out rows per evaluation (default %(default)s)")
     run.add_argument("--save-every", type=int, default=defaults.save_every, help="steps between checkpoints; 0: at the end only")
     run.add_argument("--threads", type=int, help="torch CPU threads")
+    run.add_argument("--fsdp", metavar="OPTIONS",
+                     help="transformers' --fsdp, e.g. \"full_shard auto_wrap\" (needs GPUs: accelerate enables FSDP only there)")
+    run.add_argument("--fsdp-config", metavar="JSON", help="transformers' --fsdp_config: a JSON file or string")
+    run.add_argument("--deepspeed", metavar="JSON", help="a DeepSpeed JSON config, as transformers' --deepspeed")
+    run.add_argument("--report-to", default=defaults.report_to,
+                     help="where Trainer also logs: none, all, tensorboard, wandb, ... (default %(default)s)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(run=run_train)
 
@@ -72,11 +99,26 @@ def run_train(args) -> int:
     from ..tools.training_args import TrainingArguments
     from ._arguments import check_at_least
 
-    check_at_least(args, dict.fromkeys(("vocab_size", "seq_len", "batch_size", "max_steps", "max_tokens", "eval_every", "eval_rows"), 1))
+    check_at_least(args, dict.fromkeys(("vocab_size", "seq_len", "batch_size", "max_steps", "max_tokens", "eval_every", "eval_rows",
+                                        "gradient_accumulation_steps", "data_shards", "shuffle_buffer"), 1))
     training_args = TrainingArguments(
         train_file=args.train_file,
         output_dir=args.out,
         heldout_file=args.heldout_file,
+        dataset=args.dataset,
+        dataset_config=args.dataset_config,
+        split=args.split,
+        heldout_split=args.heldout_split,
+        text_field=args.text_field,
+        streaming=args.streaming,
+        data_shards=args.data_shards,
+        shuffle_buffer=args.shuffle_buffer,
+        gradient_accumulation_steps=args.gradient_accumulation_steps,
+        gradient_checkpointing=args.gradient_checkpointing,
+        fsdp=args.fsdp,
+        fsdp_config=args.fsdp_config,
+        deepspeed=args.deepspeed,
+        report_to=args.report_to,
         config=args.config,
         gate=args.gate,
         tokenizer=args.tokenizer,
@@ -90,7 +132,7 @@ def run_train(args) -> int:
         warmup_steps=args.warmup_steps,
         weight_decay=args.weight_decay,
         max_grad_norm=args.max_grad_norm,
-        precision=args.precision,
+        precision="bf16" if args.bf16 else args.precision,
         eval_every=args.eval_every,
         eval_rows=args.eval_rows,
         save_every=args.save_every,

@@ -15,6 +15,14 @@ DEFAULT_VOCAB_SIZE = 4096  # of the BPE trained when no tokenizer is given
 TRAINABLE = ("all", "gate")  # what --trainable accepts: every parameter, or the gate rows of q_proj
 
 
+# What fixes the rows a run reads and the model it starts from: a resumed run must give the same values.
+RUN_DATA_KEYS = (
+    "train_file", "dataset", "dataset_config", "split", "text_field", "shuffle_buffer", "seed", "seq_len",
+    "gate", "config", "max_steps", "max_tokens", "init_from", "init_from_subfolder", "init_from_revision",
+    "gate_init", "trainable", "gate_lr_scale",
+)
+
+
 class TrainingError(GatedQwenError):
     """Training inputs that cannot work: missing data, a clashing output folder, a bad resume folder."""
 
@@ -28,9 +36,18 @@ class TrainingArguments:
     4096
     """
 
-    train_file: str
+    train_file: str | None  # local .jsonl/.json/.parquet/.txt file(s), comma-separated; or None with `dataset`
     output_dir: str
     heldout_file: str | None = None
+    # Hugging Face `datasets` input (see training.data): a hub data set or a local folder instead of train_file
+    dataset: str | None = None
+    dataset_config: str | None = None
+    split: str = "train"
+    heldout_split: str | None = None  # a split of `dataset` to evaluate on, instead of heldout_file
+    text_field: str = "text"
+    streaming: bool = False  # read the data as it trains (datasets streaming) instead of through an Arrow cache
+    data_shards: int | None = None  # the data is read as this many shards (None: one per process); see data.py
+    shuffle_buffer: int = 1000  # documents in the shuffle buffer of each shard
     config: str | None = None  # a config.json (e.g. configs/small_4M.json); None: Qwen3GatedConfig defaults + flags
     gate: str | None = None  # none/headwise/elementwise; overrides the config's gate flags
     tokenizer: str | None = None  # a tokenizer folder; None: train a byte-level BPE of vocab_size
@@ -49,6 +66,12 @@ class TrainingArguments:
     eval_every: int = 100
     eval_rows: int = 64  # held-out rows per evaluation (the first ones, always the same)
     save_every: int = 0  # 0: only at the end
+    gradient_accumulation_steps: int = 1
+    gradient_checkpointing: bool = False
+    fsdp: str | None = None  # transformers TrainingArguments.fsdp, e.g. "full_shard auto_wrap" (GPUs only)
+    fsdp_config: str | None = None  # a JSON file or string, as transformers' --fsdp_config
+    deepspeed: str | None = None  # a DeepSpeed JSON config, as transformers' --deepspeed
+    report_to: str = "none"  # transformers' report_to: none, all, tensorboard, wandb, ...
     seed: int = 0
     threads: int | None = None  # torch CPU threads
     overwrite: bool = False
@@ -61,8 +84,12 @@ class TrainingArguments:
     trainable: str = "all"  # all, or gate: only the gate rows of q_proj (weight and bias) are trained
     gate_lr_scale: float = 1.0  # the gate rows learn at learning_rate * gate_lr_scale
 
+    def rows_per_step(self, num_processes: int = 1) -> int:
+        """The global batch: rows of seq_len tokens per optimizer step, over every process."""
+        return self.batch_size * self.gradient_accumulation_steps * num_processes
+
     def tokens_per_step(self, num_processes: int = 1) -> int:
-        return self.batch_size * self.seq_len * num_processes
+        return self.rows_per_step(num_processes) * self.seq_len
 
     def total_steps(self, num_processes: int = 1) -> int:
         if self.max_steps is not None:
@@ -72,4 +99,4 @@ class TrainingArguments:
         return math.ceil(self.max_tokens / self.tokens_per_step(num_processes))
 
 
-__all__ = ["DEFAULT_VOCAB_SIZE", "TRAINABLE", "TrainingArguments", "TrainingError"]
+__all__ = ["DEFAULT_VOCAB_SIZE", "RUN_DATA_KEYS", "TRAINABLE", "TrainingArguments", "TrainingError"]

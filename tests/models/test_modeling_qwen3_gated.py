@@ -165,6 +165,29 @@ def test_attention_reads_the_cache_under_either_keyword(headwise, keyword):
     torch.testing.assert_close(step, whole[:, 5:], rtol=1e-5, atol=1e-6)
 
 
+def test_the_old_cache_keyword_warns_exactly_when_qwen3s_attention_warns(headwise):
+    """transformers' deprecate_kwarg renames `past_key_values`: a FutureWarning where Qwen3's own attention gives one
+    (5.24 and later, where it is the user's call), none before (where transformers' decoder layers pass it)."""
+    import warnings
+
+    from transformers import DynamicCache
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3Attention
+
+    model = load(headwise, attn_implementation="sdpa")
+    x = torch.randn(1, 3, model.config.hidden_size)
+    cos, sin = model.model.rotary_emb(x, torch.arange(3)[None])
+    stock = Qwen3Attention(model.config, layer_idx=0)
+    stock.config._attn_implementation = "sdpa"
+    warned = {}
+    for name, attention in (("gated", model.model.layers[0].self_attn), ("qwen3", stock)):
+        with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+            warnings.simplefilter("always")
+            attention(x, (cos, sin), None, past_key_values=DynamicCache(config=model.config))
+        warned[name] = [str(w.message) for w in caught if issubclass(w.category, FutureWarning)]
+    assert bool(warned["gated"]) == bool(warned["qwen3"]), warned
+    assert all("Use `cache` instead" in message for message in warned["gated"]), warned
+
+
 def sdpa_returning_tokens_by_heads(module, query, key, value, attention_mask, **kwargs):
     """sdpa, its output laid out as vLLM's attention interface returns it: (B*T, H*D), not (B, T, H, D)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward

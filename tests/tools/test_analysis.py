@@ -244,6 +244,7 @@ def two_arms(tmp_path):
 
 
 def test_analyze_command_writes_json_and_figures(two_arms, tmp_path, capsys):
+    pytest.importorskip("matplotlib", reason="the figures need the plot extra")
     baseline, headwise = two_arms
     out = tmp_path / "report"
     text = tmp_path / "text.txt"

@@ -421,9 +421,10 @@ def test_empty_training_text_writes_nothing_and_a_rerun_works(corpus, tmp_path, 
     "damaged, damage, message",
     [
         ("model.safetensors", "truncate", "model.safetensors is damaged or truncated"),
-        ("optimizer.bin", "truncate", "optimizer.bin is damaged or truncated"),
+        ("optimizer.pt", "truncate", "optimizer.pt is damaged or truncated"),
         ("trainer_state.json", "truncate", "trainer_state.json is not readable JSON"),
-        ("random_states_0.pkl", "delete", "has no random_states_0.pkl"),
+        ("run_state.json", "truncate", "run_state.json is not readable JSON"),
+        ("rng_state.pth", "delete", "has no rng_state.pth"),
     ],
 )
 def test_resume_from_a_damaged_checkpoint_names_the_file_and_writes_nothing(finished_run, tmp_path, capsys, damaged, damage, message):
@@ -445,7 +446,7 @@ def test_resume_from_a_damaged_checkpoint_names_the_file_and_writes_nothing(fini
     assert snapshot(copy) == before and not (tmp_path / "elsewhere").exists()
 
 
-def test_a_pickle_payload_in_optimizer_bin_never_runs(finished_run, tmp_path, capsys):
+def test_a_pickle_payload_in_optimizer_pt_never_runs(finished_run, tmp_path, capsys):
     import shutil
 
     corpus, run, _ = finished_run
@@ -457,12 +458,12 @@ def test_a_pickle_payload_in_optimizer_bin_never_runs(finished_run, tmp_path, ca
         def __reduce__(self):
             return (open, (str(marker), "w"))
 
-    state = torch.load(copy / "checkpoint-4" / "optimizer.bin", weights_only=True)
+    state = torch.load(copy / "checkpoint-4" / "optimizer.pt", weights_only=True)
     state["payload"] = Payload()
-    torch.save(state, copy / "checkpoint-4" / "optimizer.bin")
+    torch.save(state, copy / "checkpoint-4" / "optimizer.pt")
     before = snapshot(copy)
     assert main(cli_train(corpus, copy, "--resume", str(copy))) == 2
-    assert_one_line(capsys.readouterr().err, "optimizer.bin holds more than plain tensors", "it was not loaded")
+    assert_one_line(capsys.readouterr().err, "optimizer.pt holds more than plain tensors", "it was not loaded")
     assert not marker.exists()
     assert snapshot(copy) == before
 
@@ -488,25 +489,18 @@ def test_resuming_a_finished_run_keeps_its_results(finished_run, tmp_path):
     assert (copy / "final" / "model.safetensors").read_bytes() == (run / "final" / "model.safetensors").read_bytes()
 
 
-def test_a_resumed_run_removes_the_checkpoint_a_killed_run_was_writing(finished_run, tmp_path):
+def test_a_checkpoint_a_killed_run_did_not_finish_is_not_resumed_from(finished_run, tmp_path):
+    """Trainer writes checkpoint-STEP/ in place; run_state.json comes last, so a folder without it is unfinished."""
     import shutil
-    import subprocess
-    import sys
 
-    corpus, run, _ = finished_run
+    corpus, run, summary = finished_run
     copy = tmp_path / "run"
     shutil.copytree(run, copy)
-    shutil.rmtree(copy / "checkpoint-4")
+    (copy / "checkpoint-4" / "run_state.json").unlink()  # killed while writing checkpoint-4
+    (copy / "checkpoint-4" / "optimizer.pt").write_bytes(b"half")
     shutil.rmtree(copy / "final")
     (copy / "summary.json").unlink()
-    child = subprocess.Popen([sys.executable, "-c", "pass"])
-    child.wait()  # a process that is gone, as a killed run is
-    from gated_qwen.checkpoint.outputs import _host_hash
-
-    stale = copy / f".checkpoint-4.gated-qwen-{child.pid}-0-{_host_hash()}-abcdef.partial"
-    shutil.copytree(run / "checkpoint-2", stale)
-    train(tiny_args(corpus, copy, max_steps=4, save_every=2), resume=copy)
-    assert not stale.exists()
-    assert sorted(p.name for p in copy.iterdir()) == [
-        "checkpoint-2", "checkpoint-4", "final", "log.csv", "loss.png", "summary.json", "tokenizer", "train_args.json"
-    ]
+    done = train(tiny_args(corpus, copy, max_steps=4, save_every=2), resume=copy)  # from checkpoint-2
+    assert done["final_train_loss"] == summary["final_train_loss"] and done["heldout"] == summary["heldout"]
+    assert (copy / "checkpoint-4" / "run_state.json").is_file()
+    assert (copy / "final" / "model.safetensors").read_bytes() == (run / "final" / "model.safetensors").read_bytes()

@@ -29,18 +29,41 @@ from transformers.models.qwen3.modeling_qwen3 import (
     apply_rotary_pos_emb,
     eager_attention_forward,
 )
+from packaging import version
+import transformers
 from transformers.generation import GenerationMixin
+from transformers.integrations import use_kernelized_func
 from transformers.utils import logging
+from transformers.utils.deprecation import deprecate_kwarg
 
 from ..auto import register_with_transformers
 from .configuration_qwen3_gated import Qwen3GatedConfig
 from ..layout import gate_dim, q_proj_rows, split_query_and_gate
+from ..tensor_parallel import adapt_distributed_config
 
 logger = logging.get_logger(__name__)
 
+# transformers renamed the attention's cache argument from `past_key_values` to `cache` in 5.24 (Qwen3Attention
+# takes `cache` and renames the old keyword with this decorator, warning until its removal in 5.40). Before 5.24
+# the decoder layers themselves pass `past_key_values`: there it is renamed without a warning (a version already
+# reached never warns), since it is transformers' own call, not the user's. docs/compatibility.md lists this.
+_CACHE_RENAMED_IN = "5.24.0"
+accept_past_key_values = deprecate_kwarg(
+    "past_key_values",
+    "5.40.0" if version.parse(transformers.__version__) >= version.parse(_CACHE_RENAMED_IN) else transformers.__version__,
+    new_name="cache",
+)
 
+
+@use_kernelized_func(apply_rotary_pos_emb)  # as Qwen3Attention: hub kernels (use_kernels) may swap in a RoPE kernel
 class Qwen3GatedAttention(Qwen3Attention):
     """Qwen3 attention whose q_proj also yields gate logits; QK-norm optional, as in the release."""
+
+    # Hub kernels: `kernelize` replaces the forward of every module whose class names a kernel layer
+    # (`kernel_layer_name`, set by transformers' use_kernel_forward_from_hub and inherited by subclasses). A kernel
+    # written for Qwen3's attention would drop the gate. Qwen3Attention names none (transformers 5.19 to 5.25); should
+    # a release name one, this condition makes `kernelize` skip the gated attention (docs/compatibility.md).
+    kernel_condition = staticmethod(lambda module: False)
 
     # Hook point for causal ablations (set and reset by gated_qwen.tools.analysis.override_gates): maps the
     # gate after the sigmoid, (B, T, H, g), to the gate to apply. None leaves the forward untouched.
@@ -59,18 +82,15 @@ class Qwen3GatedAttention(Qwen3Attention):
             self.q_norm = nn.Identity()
             self.k_norm = nn.Identity()
 
+    @accept_past_key_values
     def forward(
         self,
         hidden_states: torch.Tensor,
         position_embeddings: tuple[torch.Tensor, torch.Tensor],
         attention_mask: torch.Tensor | None,
         cache: Cache | None = None,
-        past_key_values: Cache | None = None,
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        # transformers before 5.24 hands the cache over as `past_key_values`, 5.24 and later as `cache`;
-        # reading only one name would silently decode without the cache under the other.
-        cache = cache if cache is not None else past_key_values
         input_shape = hidden_states.shape[:-1]  # (B, T)
         # Three projections of the same input, one after another: vLLM fuses them into one qkv_proj.
         query_and_gate = self.q_proj(hidden_states)
@@ -133,6 +153,14 @@ class Qwen3GatedPreTrainedModel(Qwen3PreTrainedModel):
         "hidden_states": Qwen3GatedDecoderLayer,
         "attentions": Qwen3GatedAttention,
     }
+
+    @classmethod
+    def maybe_distribute_model(cls, model, distributed_config, mesh_manager):
+        # q_proj's gate rows must stay with their kv group on each rank: the plan is checked, and transformers'
+        # unit styles (which count gate rows as heads) are swapped for ones counting kv groups (tensor_parallel.py).
+        if mesh_manager is not None:
+            distributed_config = adapt_distributed_config(model, distributed_config)
+        return super().maybe_distribute_model(model, distributed_config, mesh_manager)
 
 
 class Qwen3GatedModel(Qwen3GatedPreTrainedModel, Qwen3Model):

@@ -1,0 +1,86 @@
+"""Train a Qwen3Gated model on plain text, on transformers' Trainer: from scratch, or continuing a Qwen3 /
+Qwen3Gated checkpoint (converted on the fly), on one process or several.
+
+The pieces, each usable alone:
+
+* :mod:`.groups`: :func:`gate_parameter_groups` gives the gate rows of q_proj a parameter of their own
+  and returns parameter groups any optimizer accepts (the gate rows at their own learning rate, or alone);
+* :mod:`.data`: text through Hugging Face ``datasets`` (local files or any data set, streamed or not),
+  sharded across processes, tokenized and packed on the fly into fixed-length rows (:class:`PackedRows`);
+* :mod:`.model_init`: the model to start from, new from a config or a checkpoint converted to a gate;
+* :mod:`.checkpoints`: Trainer's checkpoints, checked before a resume, and the rules of resuming;
+* :mod:`.reporting`: held-out loss, the unigram floor, ``log.csv`` and ``loss.png``;
+* :mod:`.trainer`: :func:`train`, the ``gated-qwen train`` command's run.
+
+Two runs with the same seed, data, data shards, global batch and architecture see the same rows in the
+same order, with weights initialised from the same seed, so arms that differ only in ``gate`` are a matched
+comparison, whatever the number of processes each ran on.
+
+>>> from gated_qwen.tools.training import TrainingArguments, train
+>>> train(TrainingArguments(train_file="corpus/train.jsonl", output_dir="runs/x", max_steps=100))  # doctest: +SKIP
+{'steps': 100, ...}
+"""
+
+from __future__ import annotations
+
+from ..training_args import TrainingArguments, TrainingError
+from .checkpoints import latest_checkpoint, read_checkpoint
+from .data import (
+    EOS_TOKEN,
+    PAD_TOKEN,
+    PackedBatches,
+    PackedRows,
+    heldout_rows,
+    load_documents,
+    pack_documents,
+    read_documents,
+    read_heldout_rows,
+    train_tokenizer,
+)
+from .groups import (
+    QueryAndGateRows,
+    gate_parameter_groups,
+    merge_gate_rows,
+    parameter_groups,
+    separate_gate_rows,
+)
+from .model_init import (
+    build_config,
+    check_arguments,
+    load_initial_model,
+    read_init_config,
+)
+from .reporting import LOG_FIELDS, evaluate, plot_losses, unigram_perplexity
+from .trainer import GatedTrainer, train
+
+__all__ = [
+    "EOS_TOKEN",
+    "LOG_FIELDS",
+    "PAD_TOKEN",
+    "GatedTrainer",
+    "PackedBatches",
+    "PackedRows",
+    "QueryAndGateRows",
+    "TrainingArguments",
+    "TrainingError",
+    "build_config",
+    "check_arguments",
+    "evaluate",
+    "gate_parameter_groups",
+    "heldout_rows",
+    "latest_checkpoint",
+    "load_documents",
+    "load_initial_model",
+    "merge_gate_rows",
+    "pack_documents",
+    "parameter_groups",
+    "plot_losses",
+    "read_checkpoint",
+    "read_documents",
+    "read_heldout_rows",
+    "read_init_config",
+    "separate_gate_rows",
+    "train",
+    "train_tokenizer",
+    "unigram_perplexity",
+]

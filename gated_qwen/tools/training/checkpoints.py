@@ -1,0 +1,156 @@
+"""Checkpoints of a run: Trainer's ``checkpoint-STEP/`` folders, checked before a run resumes from one.
+
+Trainer writes model, optimizer, scheduler, RNG states and ``trainer_state.json``; the run adds
+``run_state.json`` (its arguments, the process count and global batch, tokens, held-out result) last,
+so a folder without it is a checkpoint a killed run did not finish. Resuming continues at the same
+data position with the same global batch; another global batch is refused (see :func:`check_resume_matches`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pickle
+from pathlib import Path
+
+from ...checkpoint.outputs import OutputError, OutputFolder, resolve_destination
+from ..training_args import RUN_DATA_KEYS, TrainingArguments, TrainingError
+
+RUN_STATE = "run_state.json"  # ours, written after Trainer's files: a checkpoint without it is unfinished
+RUN_FILES = ("tokenizer", "train_args.json")  # what a run writes into --out before its first step
+CHECKPOINT_FILES = (RUN_STATE, "trainer_state.json", "model.safetensors", "optimizer.pt", "scheduler.pt")
+
+
+def latest_checkpoint(folder: str | Path) -> Path:
+    """``folder`` itself if it is a checkpoint, else its finished ``checkpoint-STEP`` with the highest step.
+
+    >>> latest_checkpoint("runs/headwise")  # doctest: +SKIP
+    PosixPath('runs/headwise/checkpoint-1200')
+    """
+    folder = Path(folder)
+    if (folder / "trainer_state.json").is_file() or (folder / RUN_STATE).is_file():
+        return folder
+    found = [p.parent for p in folder.glob(f"checkpoint-*/{RUN_STATE}") if p.parent.name.rpartition("-")[2].isdigit()]
+    if not found:
+        raise TrainingError(f"{folder} holds no checkpoint (a checkpoint-STEP folder with {RUN_STATE}); nothing to resume")
+    return max(found, key=lambda p: int(p.name.rpartition("-")[2]))
+
+
+def _first_sentence(error: Exception) -> str:
+    """A library's error message on one line, up to its first full stop (torch's go on for several sentences)."""
+    text = " ".join(str(error).split()) or type(error).__name__
+    return text.split(". ")[0].rstrip(".")[:200]
+
+
+def read_checkpoint(checkpoint: str | Path) -> dict:
+    """Check every file of a training checkpoint, without loading it into a model; returns its run state.
+
+    Each file must be whole, and the torch pickles Trainer loads (``optimizer.pt``, ``scheduler.pt``,
+    ``rng_state*.pth``, ``scaler.pt``) must hold plain data only: they are opened here with
+    ``torch.load(weights_only=True)`` (memory-mapped, so nothing large is read; numpy's RNG state
+    allowed, as Trainer allows it), which never runs code a pickle names. ``training_args.bin``, which
+    Trainer writes but never reads, is not opened. Anything else is a :class:`TrainingError` naming the
+    file and what to do, raised before a run writes anything.
+
+    >>> read_checkpoint("runs/headwise/checkpoint-400")["step"]  # doctest: +SKIP
+    400
+    """
+    import torch
+    from safetensors import safe_open
+    from transformers.trainer_pt_utils import safe_globals
+
+    checkpoint = Path(checkpoint)
+    earlier = sorted(
+        (p for p in checkpoint.parent.glob("checkpoint-*") if p != checkpoint and (p / RUN_STATE).is_file()),
+        key=lambda p: int(p.name.rpartition("-")[2]) if p.name.rpartition("-")[2].isdigit() else -1,
+    )
+    advice = f"resume from {earlier[-1]} instead" if earlier else "start again with --overwrite"
+    for name in CHECKPOINT_FILES:
+        if not (checkpoint / name).is_file():
+            raise TrainingError(f"{checkpoint} has no {name}; it is not a whole checkpoint of this package: {advice}")
+    if not any(checkpoint.glob("rng_state*.pth")):
+        raise TrainingError(f"{checkpoint} has no rng_state.pth; it is not a whole checkpoint of this package: {advice}")
+    for name in (RUN_STATE, "trainer_state.json"):
+        try:
+            json.loads((checkpoint / name).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise TrainingError(f"{checkpoint / name} is not readable JSON ({error}); it is damaged: {advice}") from None
+    state = json.loads((checkpoint / RUN_STATE).read_text(encoding="utf-8"))
+    if not isinstance(state, dict) or not {"step", "tokens", "elapsed_s", "args", "num_processes"} <= state.keys():
+        raise TrainingError(f"{checkpoint / RUN_STATE} lacks step, tokens, elapsed_s, args or num_processes; it is not this package's: {advice}")
+    for path in sorted(checkpoint.iterdir()):
+        try:
+            if path.suffix == ".safetensors":
+                with safe_open(str(path), framework="pt") as handle:
+                    handle.keys()
+            elif path.suffix in (".pt", ".pth"):
+                with safe_globals():
+                    torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except pickle.UnpicklingError as error:
+            if "weights only" not in str(error).lower():
+                raise TrainingError(f"{path} is damaged or truncated ({type(error).__name__}); {advice}") from None
+            raise TrainingError(
+                f"{path} holds more than plain tensors (a pickle that would run code or build arbitrary objects); "
+                f"it was not loaded. Use checkpoints this package wrote: {advice}"
+            ) from None
+        except Exception as error:  # safetensors, zip and pickle readers raise several types
+            raise TrainingError(f"{path} is damaged or truncated ({_first_sentence(error)}); {advice}") from None
+    return state
+
+
+def check_resume_matches(args: TrainingArguments, state: dict, num_processes: int, data_shards: int) -> None:
+    """A resumed run must read the same rows in the same order, start from the same model with the same
+    parameters training, and take the same global batch, or its losses mean nothing.
+
+    The process count may change when the global batch (processes x ``batch_size`` x gradient accumulation)
+    and the data shards stay: the rows of every step are then the same (see :mod:`.data`). Another global
+    batch would change the rows of every step and the token budget; it is refused, saying what to pass.
+    """
+    saved = state["args"]
+    defaults = {field.name: field.default for field in dataclasses.fields(TrainingArguments)}
+    for key in RUN_DATA_KEYS:
+        used = saved.get(key, defaults.get(key))  # a key added since the run was saved had its default then
+        if used != getattr(args, key):
+            raise TrainingError(f"{key} is {getattr(args, key)!r} but the resumed run used {used!r}; pass the same value")
+    saved_processes = state["num_processes"]
+    saved_rows = state.get("rows_per_step", saved["batch_size"] * saved.get("gradient_accumulation_steps", 1) * saved_processes)
+    rows = args.rows_per_step(num_processes)
+    if rows != saved_rows:
+        per_process = saved_rows // num_processes if saved_rows % num_processes == 0 else None
+        hint = (f"with {num_processes} processes pass --batch-size {per_process} (or split it with --gradient-accumulation-steps)"
+                if per_process else f"launch {saved_processes} processes with --batch-size {saved['batch_size']}")
+        raise TrainingError(
+            f"the checkpoint was trained with a global batch of {saved_rows} rows per step ({saved_processes} processes x "
+            f"--batch-size {saved['batch_size']} x --gradient-accumulation-steps {saved.get('gradient_accumulation_steps', 1)}); "
+            f"this run would take {rows} ({num_processes} x {args.batch_size} x {args.gradient_accumulation_steps}), "
+            f"changing the rows of every step and the token budget. Resume with the same global batch: {hint}"
+        )
+    if state.get("data_shards", data_shards) != data_shards:
+        raise TrainingError(
+            f"the checkpoint read its data as {state['data_shards']} shards, this run as {data_shards}; "
+            f"pass --data-shards {state['data_shards']}"
+        )
+
+
+def output_folder(args: TrainingArguments, checkpoint: Path | None) -> OutputFolder:
+    """--out, checked before any work (nothing is written yet): the :class:`OutputFolder` of the run's first files.
+
+    A new run needs an empty or missing --out (or --overwrite). A run resumed into the folder of the
+    checkpoint it continues keeps that folder and replaces only its tokenizer and train_args.json.
+    """
+    try:
+        out = resolve_destination(args.output_dir)
+        if checkpoint is not None and out in (checkpoint.resolve(), checkpoint.resolve().parent):
+            if args.overwrite:
+                raise TrainingError(f"--overwrite would delete {checkpoint}, which --resume continues from; drop --overwrite")
+            return OutputFolder(out, overwrite=True, merge=True, names=RUN_FILES)
+        if list(out.glob(f"checkpoint-*/{RUN_STATE}")):
+            advice = f"pass --resume {args.output_dir} to continue the run in it, or --overwrite to replace it"
+        else:
+            advice = "it holds no checkpoint to resume from: pass --overwrite to replace it, or choose another --out"
+        return OutputFolder(out, overwrite=args.overwrite, advice=advice)
+    except OutputError as error:
+        raise TrainingError(str(error)) from None
+
+
+__all__ = ["RUN_STATE", "check_resume_matches", "latest_checkpoint", "output_folder", "read_checkpoint"]

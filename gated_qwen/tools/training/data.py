@@ -1,0 +1,373 @@
+"""Training data through Hugging Face ``datasets``: read, sharded across processes, tokenized and packed on the fly.
+
+:func:`load_documents` opens the text: local ``.jsonl``/``.json``/``.parquet``/``.csv``/``.txt`` files
+(``.txt``: one document per file) or any data set ``datasets.load_dataset`` opens (a hub id with a config
+and a split, a local folder), either through datasets' Arrow cache (memory-mapped) or streamed
+(``streaming=True``). :class:`PackedRows` turns it into the rows one process trains on:
+
+* the documents are split into ``data_shards`` shards (contiguous slices of an Arrow data set, or the
+  data set's own files when streamed; documents ``k, k + D, ...`` when a stream has fewer files than
+  shards); process ``r`` of ``W`` reads shards ``r, r + W, ...`` only, as
+  ``datasets.distributed.split_dataset_by_node`` assigns them;
+* each shard is shuffled in a buffer (seeded by the seed and the epoch), tokenized in batches, an
+  end-of-text token after each document, packed into rows of ``seq_len`` tokens, and repeated for ever;
+* the process takes one row of each of its shards in turn.
+
+So the global stream of rows is ``shard 0 row 0, shard 1 row 0, ..., shard D-1 row 0, shard 0 row 1, ...``
+whatever the number of processes: with ``batch_size`` rows per process, the rows of a global step are the
+same for 1 process x 8 rows as for 2 processes x 4 (as long as ``W`` divides ``D``), which is what makes a
+run on N processes match a run on one. Nothing holds more than a buffer of documents; memory does not
+grow with the corpus. The data position of a checkpoint is the number of rows taken, and a resumed run
+reads up to it again (Trainer's ``skip_first_batches``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+from ..training_args import TrainingArguments, TrainingError
+
+EOS_TOKEN = "<|endoftext|>"
+PAD_TOKEN = "<|pad|>"
+TOKENIZE_BATCH = 64  # documents tokenized in one call
+LOCAL_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".txt": "text", ".text": "text"}
+
+
+# ----------------------------------------------------------------------------------------------
+# Reading
+
+
+def _local_files(spec: str) -> tuple[str, list[str]]:
+    """The datasets builder and the files of a ``--train-file`` value (one path, or several comma-separated)."""
+    paths = [Path(part) for part in spec.split(",") if part]
+    for path in paths:
+        if not path.is_file():
+            raise TrainingError(f"{path} does not exist; build the corpus with `python scripts/prepare_corpus.py`")
+    builders = {LOCAL_BUILDERS.get(path.suffix) for path in paths}
+    if None in builders or len(builders) != 1:
+        raise TrainingError(
+            f"cannot read {spec}: give files of one format, {', '.join(sorted(LOCAL_BUILDERS))}, or a data set with --dataset"
+        )
+    return builders.pop(), [str(path) for path in paths]
+
+
+def _bad_json_line(path: str) -> str | None:
+    """``path:N`` of the first line of a JSON-lines file that is not a JSON object (only run once reading failed)."""
+    with open(path, encoding="utf-8", errors="replace") as lines:
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                if not isinstance(json.loads(line), dict):
+                    return f"{path}:{number}"
+            except json.JSONDecodeError:
+                return f"{path}:{number}"
+    return None
+
+
+def load_documents(args: TrainingArguments, heldout: bool = False, streaming: bool | None = None):
+    """The documents of a run as a ``datasets`` data set (an ``IterableDataset`` when streamed).
+
+    ``heldout`` opens ``args.heldout_file`` (or ``args.heldout_split`` of ``args.dataset``) instead of the
+    training text; ``None`` when the run has none. Nothing is read but the files' headers (streaming) or
+    the Arrow cache is built batch by batch (not streaming): the corpus is never held in memory.
+
+    >>> docs = load_documents(TrainingArguments(train_file="corpus/train.jsonl", output_dir="o", max_steps=1))  # doctest: +SKIP
+    >>> docs[0]["text"][:6]  # doctest: +SKIP
+    'Record'
+    """
+    try:
+        import datasets
+    except ImportError:
+        raise TrainingError("training reads its text with Hugging Face datasets: pip install 'gated-qwen[train]'") from None
+
+    streaming = args.streaming if streaming is None else streaming
+    if heldout:
+        if args.heldout_file:
+            spec, name, split = args.heldout_file, None, "train"
+        elif args.dataset and args.heldout_split:
+            spec, name, split = None, args.dataset, args.heldout_split
+        else:
+            return None
+    else:
+        if bool(args.train_file) == bool(args.dataset):
+            raise TrainingError("give the training text with --train-file (local files) or --dataset (a data set), one of them")
+        spec, name, split = args.train_file, args.dataset, args.split
+    datasets.disable_progress_bars()
+    try:
+        if spec is not None:
+            builder, files = _local_files(spec)
+            options = {"sample_by": "document"} if builder == "text" else {}
+            documents = datasets.load_dataset(builder, data_files=files, split="train", streaming=streaming, **options)
+            where = spec
+        else:
+            documents = datasets.load_dataset(name, args.dataset_config, split=split, streaming=streaming)
+            where = f"{name}" + (f" ({args.dataset_config})" if args.dataset_config else "") + f" split {split}"
+    except TrainingError:
+        raise
+    except Exception as error:  # datasets raises many types (file not found, builder and parse errors)
+        if spec is not None and builder == "json":
+            for path in files:
+                bad = _bad_json_line(path)
+                if bad:
+                    raise TrainingError(f"{bad} is not a JSON object with a {args.text_field!r} field") from None
+        reason = " ".join(str(error).split())[:300]
+        raise TrainingError(f"cannot read {spec or name}: {reason}") from None
+    field = "text" if spec is not None and builder == "text" else args.text_field
+    columns = documents.column_names
+    if columns is not None and field not in columns:
+        raise TrainingError(f"{where} has no {field!r} field (its fields: {', '.join(columns)}); name the text field with --text-field")
+    if field != "text":
+        documents = documents.rename_column(field, "text")
+    return documents.select_columns(["text"])
+
+
+def shard_documents(documents, num_shards: int, index: int):
+    """Shard ``index`` of ``num_shards`` of ``documents`` as an ``IterableDataset`` that reads only its part
+    where it can: a contiguous slice of an Arrow data set, the data set's files ``index, index + num_shards, ...``
+    when a stream has a multiple of ``num_shards`` files, else every ``num_shards``-th document.
+
+    >>> [row["text"] for row in shard_documents(Dataset.from_dict({"text": list("abcd")}), 2, 1)]  # doctest: +SKIP
+    ['c', 'd']
+    """
+    import datasets
+
+    if isinstance(documents, datasets.Dataset):
+        if len(documents) < num_shards:
+            raise TrainingError(f"the training text has {len(documents)} documents, fewer than the {num_shards} data shards; lower --data-shards")
+        return documents.shard(num_shards, index, contiguous=True).to_iterable_dataset()
+    if num_shards == 1:
+        return documents
+    if documents.num_shards % num_shards == 0:
+        return documents.shard(num_shards, index, contiguous=False)
+    # a stream of fewer files than shards: every shard reads it all and keeps its documents
+    return documents.filter(lambda _, position: position % num_shards == index, with_indices=True)
+
+
+def _pack(texts: Iterator[list[str]], tokenizer, seq_len: int) -> Iterator[list[int]]:
+    """Rows of ``seq_len`` tokens from batches of texts, an eos token after each document."""
+    buffer: list[int] = []
+    for batch in texts:
+        for ids in tokenizer(batch, add_special_tokens=False).input_ids:
+            buffer.extend(ids)
+            buffer.append(tokenizer.eos_token_id)
+        while len(buffer) >= seq_len:
+            yield buffer[:seq_len]
+            del buffer[:seq_len]
+
+
+class PackedRows(torch.utils.data.IterableDataset):
+    """The training rows of process ``rank`` of ``world_size``, each ``{"input_ids", "labels"}`` of seq_len tokens.
+
+    See the module docstring: process ``rank`` reads data shards ``rank, rank + world_size, ...`` of
+    ``num_shards`` and yields one row of each in turn, for ever (Trainer stops at ``max_steps``).
+
+    >>> rows = PackedRows(documents, tokenizer, seq_len=256, num_shards=2, rank=0, world_size=2, seed=0)  # doctest: +SKIP
+    >>> next(iter(rows))["input_ids"].shape  # doctest: +SKIP
+    torch.Size([256])
+    """
+
+    def __init__(self, documents, tokenizer, seq_len: int, num_shards: int, rank: int, world_size: int, seed: int,
+                 shuffle_buffer: int = 1000):
+        super().__init__()
+        if tokenizer.eos_token_id is None:
+            raise TrainingError("the tokenizer has no eos token; documents need one to be packed into a stream")
+        if num_shards % world_size:
+            raise TrainingError(
+                f"{world_size} processes cannot share {num_shards} data shards evenly; pass --data-shards a multiple of {world_size}"
+            )
+        self.documents, self.tokenizer, self.seq_len = documents, tokenizer, seq_len
+        self.num_shards, self.rank, self.world_size = num_shards, rank, world_size
+        self.seed, self.shuffle_buffer = seed, shuffle_buffer
+
+    def shard_rows(self, index: int, shuffled: bool = True) -> Iterator[list[int]]:
+        """The rows of data shard ``index``, epoch after epoch (each epoch shuffled anew)."""
+        shard = shard_documents(self.documents, self.num_shards, index)
+        if shuffled and self.shuffle_buffer > 1:
+            shard = shard.shuffle(seed=self.seed + index, buffer_size=self.shuffle_buffer)
+        epoch = 0
+        while True:
+            shard.set_epoch(epoch)
+            yielded = 0
+            texts = (batch["text"] for batch in shard.iter(batch_size=TOKENIZE_BATCH))
+            for row in _pack(texts, self.tokenizer, self.seq_len):
+                yielded += 1
+                yield row
+            if yielded == 0 and epoch == 0:
+                raise TrainingError(self._too_little(index))
+            epoch += 1
+
+    def _too_little(self, index: int) -> str:
+        return (f"the training text holds fewer than one batch: data shard {index} of {self.num_shards} has fewer than "
+                f"one row of {self.seq_len} tokens; give more text or lower --seq-len or --data-shards")
+
+    def check(self) -> None:
+        """Raise the error a shard too small to give one row would raise in training, reading only the start of each
+        shard (all of them, so every process raises the same error before anything is written)."""
+        for index in range(self.num_shards):
+            if next(self.shard_rows(index, shuffled=False), None) is None:
+                raise TrainingError(self._too_little(index))
+
+    def __iter__(self):
+        streams = [self.shard_rows(index) for index in range(self.rank, self.num_shards, self.world_size)]
+        while True:
+            for stream in streams:
+                row = torch.tensor(next(stream), dtype=torch.long)
+                yield {"input_ids": row, "labels": row}
+
+
+def read_heldout_rows(args: TrainingArguments, tokenizer) -> torch.Tensor | None:
+    """The first ``args.eval_rows`` rows of the held-out text, in order, packed as training packs: (N, seq_len).
+
+    Streamed: only as many documents as those rows need are read.
+    """
+    documents = load_documents(args, heldout=True, streaming=True)
+    if documents is None:
+        return None
+    texts = (batch["text"] for batch in documents.iter(batch_size=TOKENIZE_BATCH))
+    rows = []
+    for row in _pack(texts, tokenizer, args.seq_len):
+        rows.append(row)
+        if len(rows) == args.eval_rows:
+            break
+    if not rows:
+        raise TrainingError(f"the held-out text holds fewer tokens than one row of {args.seq_len}")
+    return torch.tensor(rows, dtype=torch.long)
+
+
+def iter_texts(documents) -> Iterator[str]:
+    """Every text of ``documents`` once, in order, a batch at a time (for training a tokenizer on a stream)."""
+    for batch in documents.iter(batch_size=1000):
+        yield from batch["text"]
+
+
+# ----------------------------------------------------------------------------------------------
+# In-memory helpers for small texts (scripts, tests): a list of documents, one token tensor
+
+
+def read_documents(path: str | Path) -> list[str]:
+    """The documents of a ``.jsonl`` file (its ``"text"`` fields) or a ``.txt`` file (the whole file).
+
+    >>> read_documents("data/stdlib_docstrings/train.jsonl")[0][:6]  # doctest: +SKIP
+    'Record'
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise TrainingError(f"{path} does not exist; build the corpus with `python scripts/prepare_corpus.py`")
+    text = path.read_text(encoding="utf-8")
+    if path.suffix != ".jsonl":
+        return [text]
+    documents = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            documents.append(json.loads(line)["text"])
+        except (json.JSONDecodeError, KeyError, TypeError):
+            raise TrainingError(f'{path}:{number} is not a JSON object with a "text" field') from None
+    if not documents:
+        raise TrainingError(f"{path} holds no documents")
+    return documents
+
+
+def train_tokenizer(documents, vocab_size: int):
+    """A byte-level BPE tokenizer (transformers fast tokenizer) trained on ``documents`` (any iterable of str,
+    read once, so a stream is never held in memory).
+
+    It has ``<|endoftext|>`` (end of document, also the eos token) and ``<|pad|>``, and decodes bytes
+    exactly, so any text round-trips.
+
+    >>> tokenizer = train_tokenizer(["def add(a, b):\\n    return a + b\\n"] * 4, vocab_size=300)
+    >>> tokenizer.decode(tokenizer("return a + b").input_ids)
+    'return a + b'
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    if vocab_size < len(alphabet) + 2:
+        raise TrainingError(f"vocab_size {vocab_size} is too small: a byte-level BPE needs at least {len(alphabet) + 2}")
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=[EOS_TOKEN, PAD_TOKEN], initial_alphabet=alphabet, show_progress=False
+    )
+    tokenizer.train_from_iterator(documents, trainer=trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=EOS_TOKEN, pad_token=PAD_TOKEN)
+
+
+def pack_documents(documents: list[str], tokenizer) -> torch.Tensor:
+    """All documents as one token stream, the eos token after each: a 1-D int64 tensor.
+
+    >>> tokenizer = train_tokenizer(["ab ab ab"], vocab_size=260)
+    >>> pack_documents(["ab", "ab"], tokenizer).tolist() == [*tokenizer("ab").input_ids, 0] * 2
+    True
+    """
+    if tokenizer.eos_token_id is None:
+        raise TrainingError("the tokenizer has no eos token; documents need one to be packed into a stream")
+    ids: list[int] = []
+    for encoded in tokenizer(documents, add_special_tokens=False).input_ids:
+        ids.extend(encoded)
+        ids.append(tokenizer.eos_token_id)
+    return torch.tensor(ids, dtype=torch.long)
+
+
+class PackedBatches:
+    """Fixed-length rows of a token stream, in an order fixed by the seed; batch ``step`` is a pure function.
+
+    The stream is cut into ``len // seq_len`` non-overlapping rows. Each pass over them (an epoch) is a
+    permutation drawn from ``seed + epoch``, and global batch ``step`` takes the next ``global_batch`` rows
+    of that sequence, so resuming at a step needs no iterator state, and any two runs with the same
+    seed, data and batch shape see the same rows in the same order.
+
+    >>> data = PackedBatches(torch.arange(40), seq_len=4, global_batch=2, seed=0)
+    >>> data.batch(0).shape, len(data)
+    (torch.Size([2, 4]), 10)
+    """
+
+    def __init__(self, stream: torch.Tensor, seq_len: int, global_batch: int, seed: int):
+        rows = len(stream) // seq_len
+        if rows < global_batch:
+            raise TrainingError(
+                f"the training text has {len(stream)} tokens, fewer than one batch of {global_batch} rows of "
+                f"{seq_len}; give more text or lower --batch-size / --seq-len"
+            )
+        self.rows = stream[: rows * seq_len].view(rows, seq_len)  # (N, T)
+        self.global_batch = global_batch
+        self.seed = seed
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def _order(self, epoch: int) -> torch.Tensor:
+        return torch.randperm(len(self.rows), generator=torch.Generator().manual_seed(self.seed + epoch))
+
+    def batch(self, step: int) -> torch.Tensor:
+        """The ``global_batch`` rows of global step ``step``: (global_batch, seq_len)."""
+        start = step * self.global_batch
+        picked = []
+        while len(picked) < self.global_batch:
+            epoch, offset = divmod(start + len(picked), len(self.rows))
+            order = self._order(epoch)
+            picked.extend(order[offset : offset + self.global_batch - len(picked)].tolist())
+        return self.rows[picked]
+
+
+def heldout_rows(stream: torch.Tensor, seq_len: int, max_rows: int | None = None) -> torch.Tensor:
+    """The first ``max_rows`` non-overlapping rows of a held-out stream, in order: (N, seq_len)."""
+    rows = len(stream) // seq_len
+    if rows == 0:
+        raise TrainingError(f"the held-out text has {len(stream)} tokens, fewer than one row of {seq_len}")
+    rows = rows if max_rows is None else min(rows, max_rows)
+    return stream[: rows * seq_len].view(rows, seq_len)
+
+
+__all__ = [
+    "PackedBatches", "PackedRows", "heldout_rows", "iter_texts", "load_documents", "pack_documents", "read_documents",
+    "read_heldout_rows", "shard_documents", "train_tokenizer",
+]

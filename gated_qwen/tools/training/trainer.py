@@ -1,0 +1,402 @@
+"""``train``: a run of transformers' :class:`~transformers.Trainer` with what Trainer does not know added.
+
+Trainer brings data parallelism (DDP; FSDP and DeepSpeed on GPUs), gradient accumulation, bf16,
+gradient checkpointing, the schedule (stepped once per optimizer step, whatever the process count),
+checkpoints, resume and logging integrations. :class:`GatedTrainer` adds the gate parameter groups
+(:func:`.groups.gate_parameter_groups`) and rows packed on the fly and sharded across processes
+(:class:`.data.PackedRows`); :class:`RunCallback` the held-out evaluation, ``log.csv`` and the run state
+saved with every checkpoint; :func:`train` the model to start from (new, or ``--init-from`` converted on
+the fly), the checks made before anything is written, ``final/``, ``summary.json`` and ``loss.png``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import time
+from pathlib import Path
+
+import torch
+from transformers import Trainer, TrainerCallback
+from transformers.utils import logging
+
+from ...checkpoint.outputs import OutputFolder, write_text
+from ...errors import GatedQwenError
+from ..training_args import DEFAULT_VOCAB_SIZE, TrainingArguments, TrainingError
+from . import checkpoints as ckpt
+from .data import (
+    PackedRows,
+    iter_texts,
+    load_documents,
+    read_heldout_rows,
+    train_tokenizer,
+)
+from .groups import merge_gate_rows, parameter_groups
+from .model_init import (
+    _check_gate_options,
+    _config_values,
+    _make_config,
+    build_config,
+    check_arguments,
+    load_initial_model,
+    read_init_config,
+)
+from .reporting import append_log_row, evaluate, plot_losses, truncate_log
+
+logger = logging.get_logger(__name__)
+
+_WRAPPER_NAMES = re.compile(r"(^|\.)(?:_fsdp_wrapped_module|_checkpoint_wrapped_module|_orig_mod|module)\.")
+
+
+def _plain_name(name: str) -> str:
+    """A parameter's name without the prefixes FSDP, activation checkpointing, compile or DDP add."""
+    while True:
+        plain = _WRAPPER_NAMES.sub(r"\1", name)
+        if plain == name:
+            return plain
+        name = plain
+
+
+class GatedTrainer(Trainer):
+    """A :class:`~transformers.Trainer` whose optimizer is AdamW over given parameter groups (the gate rows apart),
+    and whose training data is already this process's share (:class:`.data.PackedRows`), so its DataLoader is
+    not sharded again.
+
+    ``parameter_groups`` name their parameters (``"names"``: the model's parameter names), so that the
+    groups hold the parameters of the model as Trainer wrapped it (FSDP replaces them).
+
+    >>> trainer = GatedTrainer(model=model, args=hf_args, train_dataset=rows, parameter_groups=groups)  # doctest: +SKIP
+    """
+
+    def __init__(self, *args, parameter_groups: list[dict], adam_betas=(0.9, 0.95), **kwargs):
+        super().__init__(*args, **kwargs)
+        self.gate_groups, self.adam_betas = parameter_groups, tuple(adam_betas)
+
+    def create_optimizer(self, model=None):
+        if self.optimizer is None:
+            parameters = {_plain_name(name): p for name, p in (model or self.model).named_parameters()}
+            groups = []
+            for group in self.gate_groups:
+                groups.append({**{k: v for k, v in group.items() if k not in ("params", "names")},
+                               "params": [parameters[name] for name in group["names"]]})
+            self.optimizer = torch.optim.AdamW(groups, lr=self.args.learning_rate, betas=self.adam_betas,
+                                               eps=self.args.adam_epsilon)
+        return self.optimizer
+
+    def get_train_dataloader(self):
+        from transformers import default_data_collator
+
+        # PackedRows already yields this process's rows: a plain DataLoader, not one accelerate shards again
+        return torch.utils.data.DataLoader(self.train_dataset, batch_size=self._train_batch_size, collate_fn=default_data_collator)
+
+
+class RunCallback(TrainerCallback):
+    """Held-out loss every ``eval_every`` steps, a ``log.csv`` row per step, ``run_state.json`` in every checkpoint."""
+
+    def __init__(self, args: TrainingArguments, heldout, out: Path, num_processes: int, data_shards: int,
+                 is_main: bool, state: dict | None):
+        self.args, self.heldout, self.out = args, heldout, out
+        self.num_processes, self.data_shards, self.is_main = num_processes, data_shards, is_main
+        self.train_loss = state.get("train_loss") if state else None
+        self.last_eval = state.get("heldout") if state else None
+        self.elapsed_before = state["elapsed_s"] if state else 0.0
+        self.resumed = state is not None
+        self.start = self.window_start = time.perf_counter()
+        self.window_steps = 0
+        self.pending_eval = None
+
+    @property
+    def elapsed(self) -> float:
+        return self.elapsed_before + time.perf_counter() - self.start
+
+    def tokens(self, step: int) -> int:
+        return step * self.args.tokens_per_step(self.num_processes)
+
+    def _evaluate(self, model) -> dict:
+        return evaluate(model, self.heldout, self.args.batch_size)
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        self.start = self.window_start = time.perf_counter()
+        if self.heldout is not None and not self.resumed:
+            result = self._evaluate(model)
+            if self.is_main:
+                append_log_row(self.out / "log.csv", {"step": 0, "tokens": 0, "heldout_loss": f"{result['loss']:.5f}",
+                                                      "heldout_ppl": f"{result['ppl']:.3f}"})
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        self.window_steps += 1
+        step = state.global_step
+        if self.heldout is not None and (step % self.args.eval_every == 0 or step == state.max_steps):
+            now = time.perf_counter()
+            self.pending_eval = self._evaluate(model)
+            self.last_eval = self.pending_eval
+            self.eval_seconds = time.perf_counter() - now
+
+    def on_log(self, args, state, control, logs=None, optimizer=None, lr_scheduler=None, **kwargs):
+        if not logs or "loss" not in logs:
+            return
+        step = state.global_step
+        self.train_loss = logs["loss"]
+        now = time.perf_counter()
+        seconds = now - self.window_start - (self.eval_seconds if self.pending_eval is not None else 0.0)
+        tokens_per_s = self.window_steps * self.args.tokens_per_step(self.num_processes) / max(seconds, 1e-9)
+        # the base rate (--lr, scheduled); the first group may be the gate rows at lr * gate_lr_scale
+        lr = lr_scheduler.get_last_lr()[0] / optimizer.param_groups[0].get("lr_scale", 1.0)
+        row = {"step": step, "tokens": self.tokens(step), "lr": f"{lr:.6g}", "train_loss": f"{self.train_loss:.5f}",
+               "tokens_per_s": f"{tokens_per_s:.1f}", "elapsed_s": f"{self.elapsed:.1f}"}
+        if self.pending_eval is not None:
+            row.update(heldout_loss=f"{self.pending_eval['loss']:.5f}", heldout_ppl=f"{self.pending_eval['ppl']:.3f}")
+            if self.args.progress and self.is_main:
+                print(f"step {step}: held-out loss {self.pending_eval['loss']:.4f}, ppl {self.pending_eval['ppl']:.2f}", flush=True)
+            self.pending_eval = None
+        if self.is_main:
+            append_log_row(self.out / "log.csv", row)
+        self.window_start, self.window_steps = time.perf_counter(), 0
+
+    def run_state(self, step: int) -> dict:
+        return {"step": step, "tokens": self.tokens(step), "elapsed_s": self.elapsed, "train_loss": self.train_loss,
+                "heldout": self.last_eval, "num_processes": self.num_processes,
+                "rows_per_step": self.args.rows_per_step(self.num_processes), "data_shards": self.data_shards,
+                "args": dataclasses.asdict(self.args)}
+
+    def on_save(self, args, state, control, **kwargs):
+        if self.is_main:  # after Trainer's files: a checkpoint without it is one a killed run did not finish
+            folder = self.out / f"checkpoint-{state.global_step}"
+            write_text(folder / ckpt.RUN_STATE, json.dumps(self.run_state(state.global_step), indent=2) + "\n")
+
+
+def _precision(args: TrainingArguments) -> bool:
+    """Whether Trainer trains in bf16 (autocast): ``auto`` takes it on a GPU that has it."""
+    if args.precision == "auto":
+        # CPU bf16 autocast exists but is slower than fp32 on most CPUs without AMX, and less exact.
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    if args.precision not in ("bf16", "fp32"):
+        raise TrainingError(f"unknown precision {args.precision!r}; expected auto, bf16 or fp32")
+    return args.precision == "bf16"
+
+
+def check_scaling_options(args: TrainingArguments, num_processes: int) -> int:
+    """The data shards of the run, after refusing scaling options that cannot work here."""
+    if args.fsdp and not torch.cuda.is_available():
+        raise TrainingError(
+            "--fsdp needs GPUs: accelerate, which Trainer runs on, enables FSDP only on CUDA (and other accelerator) "
+            "devices. On CPU, leave --fsdp out: several processes then train data-parallel (DDP over gloo)"
+        )
+    if args.fsdp and (args.trainable == "gate" or args.gate_lr_scale != 1.0):
+        raise TrainingError(
+            "--fsdp with --trainable gate or --gate-lr-scale is not supported by this command: the gate rows as a "
+            "parameter of their own are tested under FSDP2 only through torch's fully_shard (see docs/training.md)"
+        )
+    if args.deepspeed and not Path(args.deepspeed).is_file() and not args.deepspeed.lstrip().startswith("{"):
+        raise TrainingError(f"--deepspeed {args.deepspeed} is not a file; give a DeepSpeed JSON config")
+    for value, flag in ((args.gradient_accumulation_steps, "--gradient-accumulation-steps"), (args.data_shards, "--data-shards")):
+        if value is not None and value < 1:
+            raise TrainingError(f"{flag} must be at least 1, got {value}")
+    shards = args.data_shards or num_processes
+    if shards % num_processes:
+        raise TrainingError(f"{num_processes} processes cannot share {shards} data shards evenly; pass --data-shards a multiple of {num_processes}")
+    return shards
+
+
+def _hf_arguments(args: TrainingArguments, total_steps: int, num_processes: int):
+    from transformers import TrainingArguments as HFTrainingArguments
+
+    fsdp_config = None
+    if args.fsdp_config:
+        fsdp_config = json.loads(Path(args.fsdp_config).read_text()) if Path(args.fsdp_config).is_file() else json.loads(args.fsdp_config)
+    return HFTrainingArguments(**{k: v for k, v in dict(
+        output_dir=args.output_dir, per_device_train_batch_size=args.batch_size,
+        gradient_accumulation_steps=args.gradient_accumulation_steps, max_steps=total_steps,
+        learning_rate=args.learning_rate, weight_decay=args.weight_decay, adam_beta1=args.adam_betas[0],
+        adam_beta2=args.adam_betas[1], max_grad_norm=args.max_grad_norm, lr_scheduler_type="cosine_with_min_lr",
+        lr_scheduler_kwargs={"min_lr_rate": args.min_lr_rate}, warmup_steps=min(args.warmup_steps, total_steps),
+        logging_strategy="steps", logging_steps=1, save_strategy="steps", save_steps=args.save_every or total_steps,
+        seed=args.seed, bf16=_precision(args), activation_checkpointing=args.gradient_checkpointing,
+        fsdp=args.fsdp or "", fsdp_config=fsdp_config, deepspeed=args.deepspeed, report_to=args.report_to,
+        disable_tqdm=not args.progress, remove_unused_columns=False, ddp_find_unused_parameters=False,
+        dataloader_num_workers=0,
+        # several processes on a machine without CUDA: without use_cpu, transformers sees no distributed mode
+        # (each process would believe it is alone); with it, accelerate runs them as MULTI_CPU over gloo
+        use_cpu=True if num_processes > 1 and not torch.cuda.is_available() else None,
+    ).items() if v is not None})
+
+
+def _make_tokenizer(args: TrainingArguments, documents, is_main: bool, num_processes: int):
+    """A BPE trained on the training text by the main process only, shared with the others as its JSON."""
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    from .data import EOS_TOKEN, PAD_TOKEN
+
+    text = [None]
+    if is_main:
+        text = [train_tokenizer(iter_texts(documents), args.vocab_size or DEFAULT_VOCAB_SIZE).backend_tokenizer.to_str()]
+    if num_processes > 1:
+        torch.distributed.broadcast_object_list(text, src=0)
+    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(text[0]), eos_token=EOS_TOKEN, pad_token=PAD_TOKEN)
+
+
+def train(args: TrainingArguments, resume: str | Path | None = None) -> dict:
+    """Train (or, with ``resume``, continue) a model as ``args`` says on transformers' Trainer; returns a summary dict.
+
+    The model is new (``args.config``, a tokenizer trained on the text or ``args.tokenizer``) or, with
+    ``args.init_from``, a checkpoint's, with its tokenizer (:func:`.model_init.load_initial_model`); which of
+    its parameters train, and at which rate, says :func:`.groups.parameter_groups`. Launched under
+    ``torchrun`` or ``accelerate launch``, every process trains its share of each global batch
+    (``batch_size`` rows per process). Every check on the options, the data and the checkpoint comes
+    before the output folder is touched.
+
+    ``resume`` is a checkpoint folder or an output folder (its latest finished checkpoint is taken); the
+    run continues at the saved step with the saved optimizer, scheduler and RNG state, at the same data
+    position, so the losses equal those of an uninterrupted run.
+
+    >>> train(TrainingArguments(train_file="train.jsonl", output_dir="runs/x", max_steps=100))  # doctest: +SKIP
+    {'steps': 100, 'tokens': 409600, ...}
+    """
+    from transformers import AutoTokenizer, GenerationConfig
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    from ...models.qwen3_gated.modeling_qwen3_gated import Qwen3GatedForCausalLM
+    from ..generation import load_tokenizer
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    num_processes = int(os.environ.get("WORLD_SIZE", "1"))
+    check_arguments(args)
+    data_shards = check_scaling_options(args, num_processes)
+    checkpoint = ckpt.latest_checkpoint(resume) if resume is not None else None
+    state = ckpt.read_checkpoint(checkpoint) if checkpoint is not None else None
+    if state is not None:
+        ckpt.check_resume_matches(args, state, num_processes, data_shards)
+    if args.init_from:
+        read_init_config(args)  # the options against the checkpoint's config, before any weight is read
+    else:
+        _check_gate_options(args, _make_config(args, _config_values(args)).gate_type, "the model has no gate")
+    total_steps = args.total_steps(num_processes)
+    hf_args = _hf_arguments(args, total_steps, num_processes)
+    if hf_args.world_size != num_processes:  # sets up the process group
+        raise TrainingError(f"WORLD_SIZE says {num_processes} processes but {hf_args.world_size} joined; launch with torchrun or accelerate launch")
+    rank, is_main = hf_args.process_index, hf_args.process_index == 0
+    # --out is checked now (by every process) and written only once every input has been read and checked (below).
+    output = ckpt.output_folder(args, checkpoint)
+    out = Path(args.output_dir)
+
+    with hf_args.main_process_first(desc="reading the training data"):  # the Arrow cache is built once
+        documents = load_documents(args)
+    initial_model = None
+    if args.tokenizer or checkpoint is not None:
+        source = args.tokenizer or checkpoint
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(str(source))
+        except Exception as error:  # a damaged tokenizer.json raises the tokenizers library's own errors
+            raise TrainingError(f"cannot load the tokenizer in {source} ({ckpt._first_sentence(error)}); it is damaged or not a tokenizer folder") from None
+    elif args.init_from:
+        # --init-from keeps the model's own tokenizer: there is no "elsewhere" to point to
+        tokenizer = load_tokenizer(args.init_from, args.init_from_subfolder, args.init_from_revision, elsewhere=None)
+    else:
+        tokenizer = _make_tokenizer(args, load_documents(args, streaming=True), is_main, num_processes)
+    if args.init_from:
+        initial_model = load_initial_model(args)
+        if len(tokenizer) > initial_model.config.vocab_size:
+            raise TrainingError(
+                f"the tokenizer of {args.init_from} has {len(tokenizer)} tokens but its model's vocab_size is "
+                f"{initial_model.config.vocab_size}: it is not this model's tokenizer"
+            )
+    rows = PackedRows(documents, tokenizer, args.seq_len, data_shards, rank, num_processes, args.seed, args.shuffle_buffer)
+    rows.check()
+    heldout = read_heldout_rows(args, tokenizer)
+
+    if initial_model is None:
+        config = build_config(args, tokenizer)
+        torch.manual_seed(args.seed)
+        model = Qwen3GatedForCausalLM(config)
+    else:
+        model, config = initial_model, initial_model.config
+        if args.seq_len > config.max_position_embeddings:
+            logger.warning(
+                f"--seq-len {args.seq_len} is longer than {args.init_from}'s max_position_embeddings "
+                f"({config.max_position_embeddings}): the model trains on positions it has not seen"
+            )
+    groups = parameter_groups(model, args)  # before Trainer loads a checkpoint into the model: the gate rows apart
+    names = {id(p): _plain_name(name) for name, p in model.named_parameters()}
+    named_groups = [{**{k: v for k, v in g.items() if k != "params"}, "names": [names[id(p)] for p in g["params"]]} for g in groups]
+    parameters = sum(p.numel() for p in model.parameters())
+    trainable_parameters = sum(p.numel() for group in groups for p in group["params"])
+
+    step = state["step"] if state else 0
+    if step > total_steps:
+        raise TrainingError(f"{checkpoint} is at step {step}, past this run's {total_steps} steps")
+    summary_path = out / "summary.json"
+    if checkpoint is not None and step == total_steps and summary_path.is_file():
+        # A finished run: nothing to train, and its results stay as they are.
+        try:
+            summary = json.loads(summary_path.read_text())
+        except (OSError, ValueError):
+            summary = None
+        if isinstance(summary, dict) and summary.get("steps") == step:
+            logger.warning(f"{out} already finished its {total_steps} steps; nothing to do (its results: {summary_path})")
+            return summary
+
+    # Every input has been read and checked: from here on the run writes.
+    hf_args.distributed_state.wait_for_everyone()  # every process has checked --out before it is written
+    if is_main:
+        with output as staging:
+            tokenizer.save_pretrained(staging / "tokenizer")
+            (staging / "train_args.json").write_text(json.dumps(dataclasses.asdict(args), indent=2) + "\n")
+        truncate_log(out / "log.csv", step)
+    hf_args.distributed_state.wait_for_everyone()
+    if args.init_from or args.trainable != "all":
+        logger.info(f"training {trainable_parameters:,} of {parameters:,} parameters")
+
+    callback = RunCallback(args, heldout, out, num_processes, data_shards, is_main, state)
+    trainer = GatedTrainer(model=model, args=hf_args, train_dataset=rows, processing_class=tokenizer,
+                           parameter_groups=named_groups, adam_betas=args.adam_betas, callbacks=[callback])
+    trainer.remove_callback(PrinterCallback)
+    if not args.progress:
+        trainer.remove_callback(ProgressCallback)
+    if checkpoint is not None and step == total_steps:
+        # killed after its last checkpoint: nothing left to train (Trainer would take one more step)
+        trainer._load_from_checkpoint(str(checkpoint))
+    else:
+        trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint is not None else None)
+        step = trainer.state.global_step
+
+    final = out / "final"
+    model = trainer.model
+    merge_gate_rows(model)  # final/ holds the plain q_proj a checkpoint has
+    if is_main:
+        with OutputFolder(final, overwrite=True) as staging:
+            model.save_pretrained(staging, safe_serialization=True)
+            tokenizer.save_pretrained(staging)
+            # A model continued from a checkpoint keeps the generation config it was loaded with (save_pretrained
+            # wrote it); one trained from scratch has only the defaults derived from its config: give it ours.
+            if not args.init_from:
+                GenerationConfig(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, do_sample=True,
+                                 temperature=0.8, top_k=50, max_new_tokens=64).save_pretrained(staging)
+    summary = {
+        "steps": step,
+        "tokens": callback.tokens(step),
+        "parameters": parameters,
+        "trainable_parameters": trainable_parameters,
+        "init_from": args.init_from,
+        "gate": config.gate_type,
+        "num_processes": num_processes,
+        "rows_per_step": args.rows_per_step(num_processes),
+        "elapsed_s": round(callback.elapsed, 1),
+        "final_train_loss": callback.train_loss,
+        "heldout": callback.last_eval,
+        "model": str(final),
+    }
+    if is_main:
+        write_text(summary_path, json.dumps(summary, indent=2) + "\n")
+        try:
+            plot_losses(out / "log.csv", out / "loss.png")
+        except GatedQwenError as error:
+            logger.warning(f"{error}; the losses are in {out / 'log.csv'}")
+    hf_args.distributed_state.wait_for_everyone()
+    return summary
+
+
+__all__ = ["GatedTrainer", "RunCallback", "check_scaling_options", "train"]

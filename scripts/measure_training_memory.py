@@ -1,0 +1,150 @@
+"""Peak memory of `gated-qwen train` against corpus size: a corpus and one FACTOR times larger must give the same peak.
+
+Builds a corpus of about --base-mb MB of JSON lines (the standard-library docstrings of
+``scripts/prepare_corpus.py``, repeated with a copy number in front of each document) and one --factor
+times larger, a BPE tokenizer once (so both runs tokenize alike), then measures in fresh processes the peak
+resident memory (``wait4``'s ``ru_maxrss``) of:
+
+* ``gated-qwen train --streaming`` for --steps steps on each corpus;
+* ``gated-qwen train`` (Arrow cache, memory-mapped) for --steps steps on each corpus;
+* one whole pass of the data pipeline over each corpus (streamed, tokenized and packed into rows: what
+  training reads, to the last row), without a model;
+* for scale, the in-memory helpers this package used before (``read_documents`` + ``pack_documents``) on the
+  base corpus only.
+
+    python scripts/measure_training_memory.py                 # writes results/training_memory/results.{json,md}
+    python scripts/measure_training_memory.py --base-mb 5 --print-only
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from _results import ROOT, describe, new_report, write_results
+
+DATA_PASS = """
+import sys
+from gated_qwen.tools.training.data import TOKENIZE_BATCH, _pack, load_documents
+from gated_qwen.tools.training_args import TrainingArguments
+from transformers import AutoTokenizer
+args = TrainingArguments(train_file=sys.argv[1], output_dir="unused", max_steps=1, seq_len=256, streaming=True)
+tokenizer = AutoTokenizer.from_pretrained(sys.argv[2])
+documents = load_documents(args)
+texts = (batch["text"] for batch in documents.iter(batch_size=TOKENIZE_BATCH))
+print(sum(1 for _ in _pack(texts, tokenizer, 256)))
+"""
+
+IN_MEMORY = """
+import sys
+from gated_qwen.tools.training.data import pack_documents, read_documents
+from transformers import AutoTokenizer
+print(len(pack_documents(read_documents(sys.argv[1]), AutoTokenizer.from_pretrained(sys.argv[2]))) // 256)
+"""
+
+
+def measured(command: list[str], env: dict) -> dict:
+    """Peak RSS of ``command`` through a small Python wrapper that waits for it with wait4 (stdout kept)."""
+    wrapper = (
+        "import os, subprocess, sys, json, time\n"
+        "start = time.perf_counter()\n"
+        "child = subprocess.Popen(sys.argv[1:], stdout=subprocess.PIPE, stderr=subprocess.PIPE)\n"
+        "out, err = b'', b''\n"
+        "out = child.stdout.read(); err = child.stderr.read()\n"
+        "_, status, usage = os.wait4(child.pid, 0)\n"
+        "print(json.dumps({'status': status, 'peak_mib': usage.ru_maxrss / 1024, 'seconds': time.perf_counter() - start,"
+        " 'out': out.decode()[-400:], 'err': err.decode()[-2000:]}))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", wrapper, *command], env=env, capture_output=True, text=True, check=True)
+    result = json.loads(done.stdout)
+    if result["status"]:
+        raise RuntimeError(f"{command} failed:\n{result['err']}")
+    return {"peak_mib": round(result["peak_mib"], 1), "seconds": round(result["seconds"], 1), "out": result["out"].strip()}
+
+
+def build_corpus(source: Path, path: Path, megabytes: float) -> dict:
+    """``source``'s documents repeated (a copy number in front of each) until ``megabytes`` MB are written."""
+    documents = [json.loads(line)["text"] for line in source.read_text().splitlines() if line.strip()]
+    written, copy, count = 0, 0, 0
+    with path.open("w") as f:
+        while written < megabytes * 1e6:
+            for text in documents:
+                line = json.dumps({"text": f"[{copy}] {text}"}) + "\n"
+                f.write(line)
+                written += len(line.encode())
+                count += 1
+            copy += 1
+    return {"path": str(path), "megabytes": round(written / 1e6, 1), "documents": count}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--base-mb", type=float, default=23.0, help="size of the base corpus (default 23, the issue's)")
+    parser.add_argument("--factor", type=int, default=10, help="the large corpus is this many times the base (default 10)")
+    parser.add_argument("--steps", type=int, default=20, help="training steps per run (default 20)")
+    parser.add_argument("--work", type=Path, help="folder for the corpora and runs (default: a temporary folder)")
+    parser.add_argument("--results-dir", default="results/training_memory", help="where results.json/.md go")
+    parser.add_argument("--print-only", action="store_true", help="print the table, write no results")
+    args = parser.parse_args(argv)
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "2",
+           "HF_DATASETS_CACHE": ""}
+    with tempfile.TemporaryDirectory() as scratch:
+        work = args.work or Path(scratch)
+        work.mkdir(parents=True, exist_ok=True)
+        env["HF_DATASETS_CACHE"] = str(work / "datasets_cache")
+        docstrings = work / "stdlib"
+        subprocess.run([sys.executable, str(ROOT / "scripts" / "prepare_corpus.py"), "--out", str(docstrings), "--force"],
+                       env=env, check=True, capture_output=True)
+        corpora = {
+            "base": build_corpus(docstrings / "train.jsonl", work / "base.jsonl", args.base_mb),
+            f"{args.factor}x": build_corpus(docstrings / "train.jsonl", work / "large.jsonl", args.base_mb * args.factor),
+        }
+        tokenizer = work / "tokenizer"
+        subprocess.run([sys.executable, "-c", (
+            "import json, sys\nfrom gated_qwen.tools.training import train_tokenizer\n"
+            "docs = [json.loads(l)['text'] for l in open(sys.argv[1])]\n"
+            "train_tokenizer(docs, 4096).save_pretrained(sys.argv[2])\n"
+        ), str(docstrings / "train.jsonl"), str(tokenizer)], env=env, check=True)
+        rows = []
+        for name, corpus in corpora.items():
+            for streaming in (True, False):
+                out = work / f"run-{name}-{'stream' if streaming else 'arrow'}"
+                command = [sys.executable, "-m", "gated_qwen", "train", "--train-file", corpus["path"], "--tokenizer", str(tokenizer),
+                           "--config", str(ROOT / "configs" / "small_4M.json"), "--seq-len", "256", "--batch-size", "8",
+                           "--max-steps", str(args.steps), "--warmup-steps", "2", "--eval-every", str(args.steps),
+                           "--out", str(out), "--no-progress", "--threads", "2"] + (["--streaming"] if streaming else [])
+                result = measured(command, env)
+                rows.append({"what": f"train {args.steps} steps" + (" --streaming" if streaming else " (Arrow cache)"),
+                             "corpus": name, **corpus, "peak_mib": result["peak_mib"], "seconds": result["seconds"]})
+                print(rows[-1], file=sys.stderr)
+            result = measured([sys.executable, "-c", DATA_PASS, corpus["path"], str(tokenizer)], env)
+            rows.append({"what": "one whole pass of the data (streamed, tokenized, packed)", "corpus": name, **corpus,
+                         "peak_mib": result["peak_mib"], "seconds": result["seconds"], "rows": int(result["out"])})
+            print(rows[-1], file=sys.stderr)
+        result = measured([sys.executable, "-c", IN_MEMORY, corpora["base"]["path"], str(tokenizer)], env)
+        rows.append({"what": "before: read_documents + pack_documents (in memory)", "corpus": "base", **corpora["base"],
+                     "peak_mib": result["peak_mib"], "seconds": result["seconds"]})
+    for row in rows:
+        row.pop("path")
+    report = new_report("training_memory", steps=args.steps, rows=rows)
+    lines = ["| what | corpus | MB | documents | peak RSS (MiB) | seconds |", "|---|---|---|---|---|---|"]
+    for row in rows:
+        lines.append(f"| {row['what']} | {row['corpus']} | {row['megabytes']} | {row['documents']:,} | {row['peak_mib']} | {row['seconds']} |")
+    table = "\n".join(lines) + (
+        "\n\nPeak resident memory of a fresh process (`wait4` ru_maxrss), `configs/small_4M.json`, seq-len 256, batch 8, "
+        "one process, a BPE of 4096 trained once. " + describe(report) + "\n"
+    )
+    print(table)
+    if not args.print_only:
+        print(f"wrote {write_results(args.results_dir, report, table)}/results.json and results.md", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

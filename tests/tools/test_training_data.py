@@ -1,0 +1,98 @@
+"""The training data through datasets: local formats, a data set folder with a split and a text field, streaming
+or not (the same rows), shards that read only their part, and one-line errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import TOKENIZER_TEXT
+
+from gated_qwen.cli import main
+from gated_qwen.tools.training import (
+    PackedRows,
+    TrainingArguments,
+    TrainingError,
+    load_documents,
+    train_tokenizer,
+)
+from gated_qwen.tools.training.data import shard_documents
+
+DOCUMENTS = [f"{i}: {text}" for i in range(12) for text in TOKENIZER_TEXT]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return train_tokenizer(TOKENIZER_TEXT * 4, vocab_size=300)
+
+
+def write_jsonl(path: Path, field: str = "text") -> Path:
+    path.write_text("".join(json.dumps({field: text, "id": i}) + "\n" for i, text in enumerate(DOCUMENTS)))
+    return path
+
+
+def rows(args: TrainingArguments, tokenizer, count: int = 12, **kwargs) -> list[list[int]]:
+    stream = iter(PackedRows(load_documents(args), tokenizer, args.seq_len, num_shards=kwargs.get("shards", 1),
+                             rank=kwargs.get("rank", 0), world_size=kwargs.get("world", 1), seed=args.seed))
+    return [next(stream)["input_ids"].tolist() for _ in range(count)]
+
+
+def test_jsonl_parquet_and_streaming_give_the_same_rows(tmp_path, tokenizer):
+    import datasets
+
+    jsonl = write_jsonl(tmp_path / "t.jsonl")
+    datasets.Dataset.from_dict({"text": DOCUMENTS}).to_parquet(str(tmp_path / "t.parquet"))
+    base = dict(output_dir="unused", max_steps=1, seq_len=16)
+    reference = rows(TrainingArguments(train_file=str(jsonl), **base), tokenizer)
+    assert rows(TrainingArguments(train_file=str(jsonl), streaming=True, **base), tokenizer) == reference
+    assert rows(TrainingArguments(train_file=str(tmp_path / "t.parquet"), **base), tokenizer) == reference
+    assert rows(TrainingArguments(train_file=str(jsonl), seed=1, **base), tokenizer) != reference  # the seed orders them
+    flat = [token for row in reference for token in row]
+    assert flat.count(tokenizer.eos_token_id) >= 4  # documents packed across rows, an eos after each
+
+
+def test_a_dataset_folder_with_a_split_and_a_text_field(tmp_path, tokenizer):
+    folder = tmp_path / "data"
+    folder.mkdir()
+    write_jsonl(folder / "train.jsonl", field="content")
+    write_jsonl(folder / "validation.jsonl", field="content")
+    args = TrainingArguments(train_file=None, dataset=str(folder), split="validation", text_field="content",
+                             output_dir="unused", max_steps=1, seq_len=16)
+    documents = load_documents(args)
+    assert documents.column_names == ["text"] and documents[0]["text"] == DOCUMENTS[0]
+    with pytest.raises(TrainingError, match="has no 'text' field .*content.*--text-field"):
+        load_documents(TrainingArguments(train_file=None, dataset=str(folder), output_dir="unused", max_steps=1))
+
+
+def test_shards_split_the_documents_without_overlap(tmp_path):
+    jsonl = write_jsonl(tmp_path / "t.jsonl")
+    for streaming in (False, True):
+        documents = load_documents(TrainingArguments(train_file=str(jsonl), output_dir="u", max_steps=1, streaming=streaming))
+        parts = [[row["text"] for row in shard_documents(documents, 4, index)] for index in range(4)]
+        assert sorted(sum(parts, [])) == sorted(DOCUMENTS) and all(parts), streaming
+        assert not set(parts[0]) & set(parts[1])
+
+
+def test_processes_need_a_multiple_of_their_count_in_shards(tmp_path, tokenizer):
+    documents = load_documents(TrainingArguments(train_file=str(write_jsonl(tmp_path / "t.jsonl")), output_dir="u", max_steps=1))
+    with pytest.raises(TrainingError, match="2 processes cannot share 3 data shards evenly; pass --data-shards a multiple of 2"):
+        PackedRows(documents, tokenizer, 16, num_shards=3, rank=0, world_size=2, seed=0)
+
+
+@pytest.mark.parametrize("content, message", [
+    ('{"text": "fine"}\n[1, 2]\n', "t.jsonl:2 is not a JSON object"),
+    ('{"body": "no text field"}\n', "has no 'text' field"),
+])
+def test_bad_data_is_one_line(tmp_path, capsys, content, message):
+    (tmp_path / "t.jsonl").write_text(content)
+    status = main(["train", "--train-file", str(tmp_path / "t.jsonl"), "--out", str(tmp_path / "o"), "--max-steps", "1"])
+    err = capsys.readouterr().err
+    assert status == 2 and err.count("\n") == 1 and message in err, err
+    assert not (tmp_path / "o").exists()
+
+
+def test_train_file_and_dataset_are_exclusive(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--train-file", "a.jsonl", "--dataset", "b", "--out", str(tmp_path / "o"), "--max-steps", "1"])
+    assert "not allowed with argument" in capsys.readouterr().err
