@@ -236,3 +236,58 @@ def test_transformers_tensor_parallel_keeps_each_kv_group_with_its_gate_rows(sto
     ids = torch.randint(320, (2, 12), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         torch.testing.assert_close(result["logits"], single(ids).logits, atol=1e-5, rtol=1e-5)
+
+
+def _moe_tensor_parallel_report(rank: int, folder: str, tp_plan, result_folder: str) -> None:
+    """On one rank: the MoE loaded with DistributedConfig(tp_size=2) against the unsharded one."""
+    import os
+
+    import torch.distributed as dist
+    from transformers.distributed.configuration_utils import DistributedConfig
+
+    try:
+        model_tp = Qwen3MoeGatedForCausalLM.from_pretrained(
+            folder, distributed_config=DistributedConfig(tp_size=dist.get_world_size(), tp_plan=tp_plan)
+        ).eval()
+    except ValueError as error:
+        torch.save({"refused": str(error)}, os.path.join(result_folder, f"rank{rank}.pt"))
+        return
+    model = Qwen3MoeGatedForCausalLM.from_pretrained(folder).eval()
+    q_proj = model_tp.model.layers[0].self_attn.q_proj.weight
+    ids = torch.randint(3, 320, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        out, out_tp = model(ids, labels=ids), model_tp(ids, labels=ids)
+        greedy = dict(max_new_tokens=6, do_sample=False)
+        same_tokens = torch.equal(model.generate(ids[:1], **greedy), model_tp.generate(ids[:1], **greedy))
+    torch.save({
+        "local_q_proj_rows": (q_proj.to_local() if hasattr(q_proj, "to_local") else q_proj).shape[0],
+        "max_logit_diff": (out.logits - out_tp.logits).abs().max().item(),
+        "loss_diff": (out.loss - out_tp.loss).abs().item(),
+        "same_tokens": same_tokens,
+    }, os.path.join(result_folder, f"rank{rank}.pt"))
+    dist.barrier()
+
+
+@pytest.mark.parametrize("plan, heads, kv_heads, gate", [("colwise", 4, 2, "elementwise"), ("unit", 2, 1, "headwise")])
+def test_distributed_config_shards_the_moe_by_kv_group_with_the_dense_models_plan_check(tmp_path, plan, heads, kv_heads, gate):
+    """from_pretrained(distributed_config=...) on 2 gloo ranks, as for the dense model (tests/models/test_tensor_parallel.py):
+    Qwen3-MoE's colwise plan shards q_proj by kv group; under transformers 5.25's unit styles, one kv group over 2 ranks
+    is replicated (transformers alone would count the 18 rows of a headwise q_proj as 2 heads and cut them apart)."""
+    from conftest import write_stock_moe_checkpoint
+    from test_tensor_parallel import HAS_UNIT_STYLES, UNIT_PLAN, run_on_two_ranks
+
+    from gated_qwen import convert_checkpoint
+
+    if plan == "unit" and not HAS_UNIT_STYLES:
+        pytest.skip("unit styles are transformers >= 5.25")
+    stock = write_stock_moe_checkpoint(tmp_path / "stock", tokenizer=False, num_attention_heads=heads, num_key_value_heads=kv_heads)
+    torch.manual_seed(0)
+    convert_checkpoint(stock, tmp_path / "gated", gate=gate, init="random", progress=False)
+    (tmp_path / "results").mkdir()
+    run_on_two_ranks(_moe_tensor_parallel_report, str(tmp_path / "gated"), UNIT_PLAN if plan == "unit" else None,
+                     str(tmp_path / "results"))
+    full_rows = heads * (8 + (1 if gate == "headwise" else 8))
+    for rank in range(2):
+        report = torch.load(tmp_path / "results" / f"rank{rank}.pt", weights_only=True)
+        assert report["local_q_proj_rows"] == (full_rows // 2 if plan == "colwise" else full_rows), report
+        assert report["max_logit_diff"] < 1e-5 and report["loss_diff"] < 1e-5 and report["same_tokens"], report
