@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 # one: vocabulary 152064, MLP 6144; all arms share it, so the elementwise arm here keeps that MLP
 # rather than the released elementwise arm's 5504); "tiny" is for tests. The "moe-" sizes are Qwen3-MoE
 # models (the arms transformers' Qwen3MoeForCausalLM and Qwen3MoeGated): "moe-100m" the "100m" attention with
-# 32 experts of width 256, 4 per token (about 0.3B parameters, 0.1B active); "moe-15b" the paper's MoE
+# 32 experts of width 256, 4 per token (203M parameters, 71M active); "moe-15b" the paper's MoE
 # architecture (configs/moe_15B_A2B_headwise.json: 128 experts, 8 per token); "moe-tiny" for tests.
 SIZES = {
     "tiny": dict(vocab_size=256, hidden_size=64, intermediate_size=192, num_hidden_layers=2,
