@@ -371,11 +371,25 @@ def train(args: TrainingArguments, resume: str | Path | None = None) -> dict:
         step = trainer.state.global_step
 
     final = out / "final"
-    model = trainer.model
-    merge_gate_rows(model)  # final/ holds the plain q_proj a checkpoint has
+    if trainer.is_fsdp_enabled:
+        # FSDP leaves each process its shard of every tensor (saving trainer.model as it is fails: "invalid python
+        # storage", seen on a GPU): gather the whole state dict as Trainer.save_model does (a collective, so on every
+        # process; the main one receives it) and save it through the unwrapped model. --fsdp never separates the gate
+        # rows (model_init refuses --trainable gate and --gate-lr-scale with it), so there is nothing to merge.
+        state_dict_type = str(trainer.accelerator.state.fsdp_plugin.state_dict_type)
+        if "FULL_STATE_DICT" not in state_dict_type:
+            raise TrainingError(
+                f"final/ needs the whole model, which FSDP gathers only with state_dict_type FULL_STATE_DICT (the "
+                f"--fsdp-config says {state_dict_type}); the checkpoints in {out} hold the trained weights"
+            )
+        state_dict = trainer.accelerator.get_state_dict(trainer.model)
+        model = trainer.accelerator.unwrap_model(trainer.model)
+    else:
+        state_dict, model = None, trainer.model
+        merge_gate_rows(model)  # final/ holds the plain q_proj a checkpoint has
     if is_main:
         with OutputFolder(final, overwrite=True) as staging:
-            model.save_pretrained(staging, safe_serialization=True)
+            model.save_pretrained(staging, safe_serialization=True, state_dict=state_dict)
             tokenizer.save_pretrained(staging)
             # A model continued from a checkpoint keeps the generation config it was loaded with (save_pretrained
             # wrote it); one trained from scratch has only the defaults derived from its config: give it ours.
