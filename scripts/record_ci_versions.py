@@ -7,7 +7,7 @@ versions installed at that moment (through ``scripts/_results.py``), pytest's ow
 counts of transformers' common model tests and of the tensor-parallel tests, which must have run (not
 skipped) on both ends of the range. ``--fresh`` starts a new record (the first run of a CI).
 
-    python -m pytest -q --junitxml=newest.xml | tee newest.log
+    PYTEST_ADDOPTS=--junitxml=newest.xml python -m pytest -q | tee newest.log
     python scripts/record_ci_versions.py --fresh --run newest --junit newest.xml --log newest.log
 """
 

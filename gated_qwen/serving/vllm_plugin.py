@@ -23,7 +23,7 @@ Tensor parallelism: the size must divide ``num_key_value_heads``
 (:func:`check_tensor_parallel_size`), so that each rank's contiguous slice of q_proj holds whole kv
 groups, each with its gate rows.
 
-Refusals reach the caller: :func:`register` also enters both architectures in vLLM's per-architecture
+Refusals reach the caller: :func:`register` also enters each architecture in vLLM's per-architecture
 config hooks (``vllm.model_executor.models.config.MODELS_CONFIG_MAP``), which vLLM runs while it builds
 its ``VllmConfig`` in the caller's process, before any engine, worker or weight exists. There
 :func:`check_served_checkpoint` refuses a gated checkpoint whose config does not describe its weights (the

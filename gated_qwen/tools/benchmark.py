@@ -1,7 +1,9 @@
 """Measure what the gate costs: model speed, checkpoint loading and conversion, each beside its floor.
 
 Four arms share one architecture: transformers' own ``Qwen3ForCausalLM`` and ``Qwen3GatedForCausalLM``
-with gate ``none``, ``headwise`` and ``elementwise``. The ``none`` arm carries the same weights as the
+with gate ``none``, ``headwise`` and ``elementwise`` (for a ``moe-`` size, ``Qwen3MoeForCausalLM`` and
+``Qwen3MoeGatedForCausalLM``, where the parameter counts also say how many a token uses: the gate's cost
+beside the experts'). The ``none`` arm carries the same weights as the
 stock model. All arms live in one process and are measured in rounds, each round running every arm
 once in a rotated order, so that machine noise (other processes, clock changes) falls on all of
 them alike. A gated arm's cost is the median over rounds of its time divided by the no-gate arm's
@@ -31,7 +33,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
-from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 from transformers.generation.streamers import BaseStreamer
 from transformers.utils import logging as hf_logging
 
@@ -39,10 +41,14 @@ from .benchmark_options import DTYPES, SIZES, BenchmarkOptions
 from ..models.qwen3_gated.configuration_qwen3_gated import Qwen3GatedConfig
 from ..errors import GatedQwenError
 from ..models.qwen3_gated.modeling_qwen3_gated import Qwen3GatedForCausalLM
+from ..models.qwen3_moe_gated.configuration_qwen3_moe_gated import Qwen3MoeGatedConfig
+from ..models.qwen3_moe_gated.modeling_qwen3_moe_gated import Qwen3MoeGatedForCausalLM
 from ..utils.names import GATE_TYPES
 
 ARCHITECTURE_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                      "num_attention_heads", "num_key_value_heads", "head_dim")
+MOE_KEYS = ("moe_intermediate_size", "num_experts", "num_experts_per_tok", "norm_topk_prob", "decoder_sparse_step",
+            "mlp_only_layers")
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"  # package data; SIZES["1b"] names a file here
 STOCK_ARM = "qwen3"  # transformers' Qwen3ForCausalLM
 GATES = GATE_TYPES
@@ -62,12 +68,15 @@ def architecture(options: BenchmarkOptions) -> dict:
     if options.size not in SIZES:
         raise GatedQwenError(f"unknown size {options.size!r}; choose one of {', '.join(SIZES)}")
     size = SIZES[options.size]
+    moe = options.size.startswith("moe-")
+    config_class = Qwen3MoeGatedConfig if moe else Qwen3GatedConfig
     if isinstance(size, str):  # a config shipped in the package (gated_qwen/configs/)
-        released = Qwen3GatedConfig.from_json_file(CONFIGS / size)
-        size = {key: getattr(released, key) for key in ARCHITECTURE_KEYS}
-    unknown = sorted(set(options.overrides) - set(Qwen3GatedConfig.__dataclass_fields__))
+        released = config_class.from_json_file(CONFIGS / size)
+        size = {key: getattr(released, key) for key in ARCHITECTURE_KEYS + (MOE_KEYS if moe else ())}
+    unknown = sorted(set(options.overrides) - set(config_class.__dataclass_fields__))
     if unknown:
-        raise GatedQwenError(f"{', '.join(unknown)}: not a Qwen3 config key; see transformers' Qwen3Config")
+        family = "Qwen3-MoE" if moe else "Qwen3"
+        raise GatedQwenError(f"{', '.join(unknown)}: not a {family} config key; see transformers' {family.replace('-', '')}Config")
     return {
         **size,
         "tie_word_embeddings": True,
@@ -77,10 +86,28 @@ def architecture(options: BenchmarkOptions) -> dict:
     }
 
 
-def gated_config(arch: dict, gate: str) -> Qwen3GatedConfig:
-    return Qwen3GatedConfig(
+def is_moe(arch: dict) -> bool:
+    """Whether the architecture is a mixture of experts (a ``moe-`` size)."""
+    return "num_experts" in arch
+
+
+def gated_config(arch: dict, gate: str) -> Qwen3GatedConfig | Qwen3MoeGatedConfig:
+    return (Qwen3MoeGatedConfig if is_moe(arch) else Qwen3GatedConfig)(
         **arch, headwise_attn_output_gate=gate == "headwise", elementwise_attn_output_gate=gate == "elementwise"
     )
+
+
+def gated_model(arch: dict, gate: str) -> torch.nn.Module:
+    return (Qwen3MoeGatedForCausalLM if is_moe(arch) else Qwen3GatedForCausalLM)(gated_config(arch, gate))
+
+
+def stock_model(arch: dict) -> torch.nn.Module:
+    """transformers' own model of the architecture: Qwen3ForCausalLM, or Qwen3MoeForCausalLM."""
+    return Qwen3MoeForCausalLM(Qwen3MoeConfig(**arch)) if is_moe(arch) else Qwen3ForCausalLM(Qwen3Config(**arch))
+
+
+def stock_class(arch: dict) -> type:
+    return Qwen3MoeForCausalLM if is_moe(arch) else Qwen3ForCausalLM
 
 
 def build_arms(options: BenchmarkOptions) -> dict[str, torch.nn.Module]:
@@ -95,8 +122,8 @@ def build_arms(options: BenchmarkOptions) -> dict[str, torch.nn.Module]:
     arms = {}
     for gate in GATES:
         torch.manual_seed(options.seed)  # same draws for the weights the arms share
-        arms[gate] = Qwen3GatedForCausalLM(gated_config(arch, gate))
-    stock = Qwen3ForCausalLM(Qwen3Config(**arch))
+        arms[gate] = gated_model(arch, gate)
+    stock = stock_model(arch)
     stock.load_state_dict(arms["none"].state_dict())
     arms = {STOCK_ARM: stock, **arms}
     return {name: model.to(device=device, dtype=dtype).eval() for name, model in arms.items()}
@@ -110,12 +137,17 @@ def parameter_counts(options: BenchmarkOptions) -> dict[str, dict[str, int]]:
     """
     arch = architecture(options)
     with torch.device("meta"):
-        arms = {STOCK_ARM: Qwen3ForCausalLM(Qwen3Config(**arch))}
-        arms.update({gate: Qwen3GatedForCausalLM(gated_config(arch, gate)) for gate in GATES})
-    return {
+        arms = {STOCK_ARM: stock_model(arch)}
+        arms.update({gate: gated_model(arch, gate) for gate in GATES})
+    counts = {
         "parameters": {name: parameter_count(model) for name, model in arms.items()},
         "layer_parameters": {name: layer_parameter_count(model) for name, model in arms.items()},
     }
+    if is_moe(arch):  # a token's share: the gate's cost beside the experts' it uses
+        idle = gated_config(arch, "none").idle_expert_parameters()
+        counts["active_parameters"] = {name: count - idle for name, count in counts["parameters"].items()}
+        counts["active_layer_parameters"] = {name: count - idle for name, count in counts["layer_parameters"].items()}
+    return counts
 
 
 def parameter_count(model: torch.nn.Module) -> int:
@@ -266,16 +298,19 @@ def write_checkpoints(options: BenchmarkOptions, folder: Path) -> dict[str, Path
     dtype = _dtype(options.dtype)
     torch.manual_seed(options.seed)
     paths = {"stock": folder / "qwen3", "headwise": folder / "qwen3-gated-headwise"}
-    Qwen3ForCausalLM(Qwen3Config(**arch)).to(dtype).save_pretrained(paths["stock"])
-    Qwen3GatedForCausalLM(gated_config(arch, "headwise")).to(dtype).save_pretrained(paths["headwise"])
+    stock_model(arch).to(dtype).save_pretrained(paths["stock"])
+    gated_model(arch, "headwise").to(dtype).save_pretrained(paths["headwise"])
     return paths
 
 
 def measure_loading(options: BenchmarkOptions, checkpoints: dict[str, Path]) -> dict:
     """``from_pretrained`` seconds of the gated checkpoint beside the stock one, interleaved, files warm."""
+    arch = architecture(options)
+    stock_loader = stock_class(arch)
+    gated_loader = Qwen3MoeGatedForCausalLM if is_moe(arch) else Qwen3GatedForCausalLM
     loaders = {
-        STOCK_ARM: lambda: Qwen3ForCausalLM.from_pretrained(checkpoints["stock"], dtype="auto", device_map=options.device),
-        "headwise": lambda: Qwen3GatedForCausalLM.from_pretrained(
+        STOCK_ARM: lambda: stock_loader.from_pretrained(checkpoints["stock"], dtype="auto", device_map=options.device),
+        "headwise": lambda: gated_loader.from_pretrained(
             checkpoints["headwise"], dtype="auto", device_map=options.device
         ),
     }
@@ -438,16 +473,20 @@ def check_targets(result: dict) -> list[dict]:
     Time ratios are paired medians (see :func:`paired_ratio`). The elementwise limit is its extra
     parameter share over the no-gate arm plus 2%: of all parameters for decode, which reads every
     weight each step (the floor of a memory-bound step), and of the decoder layers' parameters for
-    prefill, whose compute grows with those alone (see :func:`layer_parameter_count`).
+    prefill, whose compute grows with those alone (see :func:`layer_parameter_count`). For a mixture of
+    experts, of the parameters a token uses (the active ones): the idle experts are neither read nor computed.
     """
     rows = []
+    moe = "active_parameters" in result
+    stock_label = "Qwen3MoeForCausalLM" if moe else "Qwen3ForCausalLM"
 
     def add(what, measured, limit, quartiles=None):
         rows.append({"target": what, "measured": measured, "limit": limit, "met": measured <= limit, "quartiles": quartiles})
 
     if "models" in result:
         for workload, numbers in result["models"]["workloads"].items():
-            parameters = result["models"]["layer_parameters" if workload.startswith("prefill") else "parameters"]
+            counted = "layer_parameters" if workload.startswith("prefill") else "parameters"
+            parameters = result[f"active_{counted}"] if moe else result["models"][counted]
             ratios, quartiles = numbers["time_ratio_to_none"], numbers["time_ratio_quartiles_to_none"]
             add(f"{workload}: headwise time / none time", ratios["headwise"], 1 + TARGET_SLACK, quartiles["headwise"])
             add(
@@ -456,7 +495,7 @@ def check_targets(result: dict) -> list[dict]:
                 parameters["elementwise"] / parameters["none"] + TARGET_SLACK,
                 quartiles["elementwise"],
             )
-            add(f"{workload}: none time / Qwen3ForCausalLM time", numbers["none_time_ratio_to_qwen3"], 1 + TARGET_SLACK,
+            add(f"{workload}: none time / {stock_label} time", numbers["none_time_ratio_to_qwen3"], 1 + TARGET_SLACK,
                 numbers["none_time_ratio_quartiles_to_qwen3"])
     if "conversion" in result:
         conversion = result["conversion"]
@@ -471,6 +510,16 @@ def check_targets(result: dict) -> list[dict]:
 
 ARM_LABELS = {STOCK_ARM: "transformers Qwen3ForCausalLM", "none": "Qwen3Gated none", "headwise": "Qwen3Gated headwise",
               "elementwise": "Qwen3Gated elementwise"}
+MOE_ARM_LABELS = {STOCK_ARM: "transformers Qwen3MoeForCausalLM", "none": "Qwen3MoeGated none",
+                  "headwise": "Qwen3MoeGated headwise", "elementwise": "Qwen3MoeGated elementwise"}
+
+
+def _active_column(result: dict, arm: str) -> list[str]:
+    """For a mixture of experts, a token's parameters (the active ones) and their ratio to the no-gate arm's."""
+    active = result.get("active_parameters")
+    if not active:
+        return []
+    return [f"{active[arm] / 1e6:.2f}M", f"{active[arm] / active['none']:.4f}"]
 
 
 def format_markdown(result: dict) -> str:
@@ -482,28 +531,31 @@ def format_markdown(result: dict) -> str:
     | arm | parameters | params / none | layer params / none | prefill b1 tokens/s | time / none | decode b1 tokens/s | time / none |
     """
     lines = []
+    labels = MOE_ARM_LABELS if result.get("active_parameters") else ARM_LABELS
+    active_header = ["active params", "active / none"] if result.get("active_parameters") else []
     if "models" not in result and "parameters" in result:  # speed skipped: the parameter counts alone
         parameters, layer_parameters = result["parameters"], result["layer_parameters"]
-        lines += ["| arm | parameters | params / none | layer params / none |", "|---|---|---|---|"]
+        header = ["arm", "parameters", "params / none", "layer params / none", *active_header]
+        lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         for arm in parameters:
-            lines.append(
-                f"| {ARM_LABELS[arm]} | {parameters[arm] / 1e6:.2f}M | {parameters[arm] / parameters['none']:.4f} "
-                f"| {layer_parameters[arm] / layer_parameters['none']:.4f} |"
-            )
+            row = [labels[arm], f"{parameters[arm] / 1e6:.2f}M", f"{parameters[arm] / parameters['none']:.4f}",
+                   f"{layer_parameters[arm] / layer_parameters['none']:.4f}", *_active_column(result, arm)]
+            lines.append("| " + " | ".join(row) + " |")
         lines.append("")
     if "models" in result:
         models = result["models"]
         parameters, layer_parameters, workloads = models["parameters"], models["layer_parameters"], models["workloads"]
-        header = ["arm", "parameters", "params / none", "layer params / none"]
+        header = ["arm", "parameters", "params / none", "layer params / none", *active_header]
         for workload in workloads:
             header += [f"{workload.replace('_', ' ')} tokens/s", "time / none"]
         lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         for arm in parameters:
             row = [
-                ARM_LABELS[arm],
+                labels[arm],
                 f"{parameters[arm] / 1e6:.2f}M",
                 f"{parameters[arm] / parameters['none']:.4f}",
                 f"{layer_parameters[arm] / layer_parameters['none']:.4f}",
+                *_active_column(result, arm),
             ]
             for numbers in workloads.values():
                 row += [f"{numbers['tokens_per_second'][arm]:.1f}", f"{numbers['time_ratio_to_none'][arm]:.3f}"]
@@ -521,7 +573,7 @@ def format_markdown(result: dict) -> str:
         loading = result["loading"]
         lines += ["| from_pretrained | checkpoint | median seconds |", "|---|---|---|"]
         for arm in (STOCK_ARM, "headwise"):
-            label = "Qwen3ForCausalLM, stock checkpoint" if arm == STOCK_ARM else "Qwen3GatedForCausalLM, headwise checkpoint"
+            label = f"{labels[arm].removeprefix('transformers ')}, {'stock' if arm == STOCK_ARM else 'headwise'} checkpoint"
             lines.append(f"| {label} | {loading['bytes'][arm] / 1e6:.0f} MB | {loading['median_seconds'][arm]:.3f} |")
         lines += [f"| gated / stock (paired median) | | {loading['time_ratio_to_qwen3']:.3f} |", ""]
     if "conversion" in result:

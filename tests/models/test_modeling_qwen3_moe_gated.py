@@ -31,7 +31,7 @@ def tiny_gated(gate="headwise", **kwargs) -> Qwen3MoeGatedForCausalLM:
     model = Qwen3MoeGatedForCausalLM(config)
     with torch.no_grad():  # routers that route and gates that are not all sigmoid(0)
         for name, parameter in model.named_parameters():
-            if name.endswith("mlp.gate.weight") or name.endswith("q_proj.weight"):
+            if name.endswith(("mlp.gate.weight", "q_proj.weight")):
                 parameter.normal_(0, 0.5)
     return model.eval()
 
@@ -167,3 +167,127 @@ def test_peft_lora_takes_the_stock_qwen3_defaults():
 def test_the_bare_model_returns_hidden_states():
     model = Qwen3MoeGatedModel(tiny_gated("headwise").config)
     assert model(IDS).last_hidden_state.shape == (1, IDS.shape[1], 32)
+
+
+def test_a_converted_moe_trains_with_the_routers_auxiliary_loss(stock_moe):
+    """The model side of `train --init-from` a Qwen3-MoE with --gate: a loaded stock MoE converted in memory
+    trains, the gradient reaching the gate rows, the router and the experts; the loss includes the aux loss."""
+    from gated_qwen import convert_qwen3_to_gated
+
+    model = convert_qwen3_to_gated(Qwen3MoeForCausalLM.from_pretrained(stock_moe), gate="headwise", init="random")
+    model.config.output_router_logits = True
+    model.train()
+    model.gradient_checkpointing_enable()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(5):
+        out = model(IDS, labels=IDS)
+        assert out.aux_loss is not None
+        without_aux = torch.nn.functional.cross_entropy(out.logits[0, :-1], IDS[0, 1:])
+        torch.testing.assert_close(out.loss, without_aux + model.config.router_aux_loss_coef * out.aux_loss)
+        optimizer.zero_grad()
+        out.loss.backward()
+        layer = model.model.layers[0]
+        gate_rows = layer.self_attn.q_proj.weight.grad.view(2, -1, 32)[:, -2:]  # each kv group's 2 gate rows
+        assert gate_rows.abs().sum() > 0 and layer.mlp.gate.weight.grad.abs().sum() > 0
+        assert layer.mlp.experts.gate_up_proj.grad.abs().sum() > 0
+        optimizer.step()
+        losses.append(out.loss.item())
+    assert losses[-1] < losses[0]
+
+
+TENSOR_PARALLEL_CHILD = r"""
+import sys, torch, torch.distributed as dist
+from gated_qwen import Qwen3MoeGatedForCausalLM
+
+torch.set_num_threads(1)
+dist.init_process_group("gloo")
+model = Qwen3MoeGatedForCausalLM.from_pretrained(sys.argv[1], tp_plan="auto")
+ids = torch.randint(320, (2, 12), generator=torch.Generator().manual_seed(0))
+with torch.no_grad():
+    logits = model(ids).logits
+q_proj = model.model.layers[0].self_attn.q_proj.weight
+local_rows = (q_proj.to_local() if hasattr(q_proj, "to_local") else q_proj).shape[0]
+if dist.get_rank() == 0:
+    torch.save({"logits": logits, "local_q_rows": local_rows}, sys.argv[2])
+dist.destroy_process_group()
+"""
+
+
+def test_transformers_tensor_parallel_keeps_each_kv_group_with_its_gate_rows(stock_moe_dense_layer, tmp_path):
+    """transformers' own tensor parallelism (tp_plan="auto", 2 processes over gloo on CPU) shards q_proj by kv
+    group, gate rows with their queries, and computes what one process computes."""
+    import subprocess
+    import sys
+
+    from gated_qwen import convert_checkpoint
+
+    torch.manual_seed(0)
+    convert_checkpoint(stock_moe_dense_layer, tmp_path / "gated", gate="headwise", init="random", progress=False)
+    (tmp_path / "child.py").write_text(TENSOR_PARALLEL_CHILD)
+    subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(tmp_path / "child.py"),
+         str(tmp_path / "gated"), str(tmp_path / "out.pt")],
+        check=True, capture_output=True, timeout=600,
+    )
+    result = torch.load(tmp_path / "out.pt", weights_only=True)
+    assert result["local_q_rows"] == 4 * (8 + 1) // 2  # one kv group: 2 heads' queries and their 2 gate rows
+    single = Qwen3MoeGatedForCausalLM.from_pretrained(tmp_path / "gated")
+    ids = torch.randint(320, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(result["logits"], single(ids).logits, atol=1e-5, rtol=1e-5)
+
+
+def _moe_tensor_parallel_report(rank: int, folder: str, tp_plan, result_folder: str) -> None:
+    """On one rank: the MoE loaded with DistributedConfig(tp_size=2) against the unsharded one."""
+    import os
+
+    import torch.distributed as dist
+    from transformers.distributed.configuration_utils import DistributedConfig
+
+    try:
+        model_tp = Qwen3MoeGatedForCausalLM.from_pretrained(
+            folder, distributed_config=DistributedConfig(tp_size=dist.get_world_size(), tp_plan=tp_plan)
+        ).eval()
+    except ValueError as error:
+        torch.save({"refused": str(error)}, os.path.join(result_folder, f"rank{rank}.pt"))
+        return
+    model = Qwen3MoeGatedForCausalLM.from_pretrained(folder).eval()
+    q_proj = model_tp.model.layers[0].self_attn.q_proj.weight
+    ids = torch.randint(3, 320, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        out, out_tp = model(ids, labels=ids), model_tp(ids, labels=ids)
+        greedy = dict(max_new_tokens=6, do_sample=False)
+        same_tokens = torch.equal(model.generate(ids[:1], **greedy), model_tp.generate(ids[:1], **greedy))
+    torch.save({
+        "local_q_proj_rows": (q_proj.to_local() if hasattr(q_proj, "to_local") else q_proj).shape[0],
+        "max_logit_diff": (out.logits - out_tp.logits).abs().max().item(),
+        "loss_diff": (out.loss - out_tp.loss).abs().item(),
+        "same_tokens": same_tokens,
+    }, os.path.join(result_folder, f"rank{rank}.pt"))
+    dist.barrier()
+
+
+@pytest.mark.parametrize("plan, heads, kv_heads, gate", [("colwise", 4, 2, "elementwise"), ("unit", 2, 1, "headwise")])
+def test_distributed_config_shards_the_moe_by_kv_group_with_the_dense_models_plan_check(tmp_path, plan, heads, kv_heads, gate):
+    """from_pretrained(distributed_config=...) on 2 gloo ranks, as for the dense model (tests/models/test_tensor_parallel.py):
+    Qwen3-MoE's colwise plan shards q_proj by kv group; under transformers 5.25's unit styles, one kv group over 2 ranks
+    is replicated (transformers alone would count the 18 rows of a headwise q_proj as 2 heads and cut them apart)."""
+    from conftest import write_stock_moe_checkpoint
+    from test_tensor_parallel import HAS_UNIT_STYLES, UNIT_PLAN, run_on_two_ranks
+
+    from gated_qwen import convert_checkpoint
+
+    if plan == "unit" and not HAS_UNIT_STYLES:
+        pytest.skip("unit styles are transformers >= 5.25")
+    stock = write_stock_moe_checkpoint(tmp_path / "stock", tokenizer=False, num_attention_heads=heads, num_key_value_heads=kv_heads)
+    torch.manual_seed(0)
+    convert_checkpoint(stock, tmp_path / "gated", gate=gate, init="random", progress=False)
+    (tmp_path / "results").mkdir()
+    run_on_two_ranks(_moe_tensor_parallel_report, str(tmp_path / "gated"), UNIT_PLAN if plan == "unit" else None,
+                     str(tmp_path / "results"))
+    full_rows = heads * (8 + (1 if gate == "headwise" else 8))
+    for rank in range(2):
+        report = torch.load(tmp_path / "results" / f"rank{rank}.pt", weights_only=True)
+        assert report["local_q_proj_rows"] == (full_rows // 2 if plan == "colwise" else full_rows), report
+        assert report["max_logit_diff"] < 1e-5 and report["loss_diff"] < 1e-5 and report["same_tokens"], report

@@ -31,6 +31,11 @@ def lm_eval():
 
 @pytest.fixture
 def task_folder(tmp_path):
+    return write_task_folder(tmp_path)
+
+
+def write_task_folder(tmp_path):
+    """The tiny multiple-choice task (YAML and JSON-lines data) in ``tmp_path / "tasks"``."""
     folder = tmp_path / "tasks"
     folder.mkdir()
     data = folder / "items.jsonl"

@@ -87,3 +87,43 @@ def test_analyze_reports_router_load_and_gates(gated_moe, tmp_path, capsys):
     report = json.loads((out / "analysis.json").read_text())["models"]["gated"]
     assert report["gates"] is not None and [row["layer"] for row in report["router_load"]] == [0, 2]
     assert "router max/even" in capsys.readouterr().out
+
+
+def test_bench_has_moe_sizes_with_the_gates_cost_beside_the_experts():
+    from gated_qwen.tools.benchmark import BenchmarkOptions, build_arms, format_markdown, parameter_counts, run_benchmark
+
+    counts = parameter_counts(BenchmarkOptions(size="moe-tiny"))
+    parameters, active = counts["parameters"], counts["active_parameters"]
+    # 2 sparse layers, 4 experts of width 32 on hidden 64, 2 per token: 2 idle experts per layer
+    assert parameters["none"] - active["none"] == 2 * 2 * 3 * 64 * 32
+    # the gate adds the same parameters to total and active: a larger share of what a token uses
+    assert parameters["headwise"] - parameters["none"] == active["headwise"] - active["none"] == 2 * 4 * 64
+    assert active["headwise"] / active["none"] > parameters["headwise"] / parameters["none"]
+    arms = build_arms(BenchmarkOptions(size="moe-tiny"))
+    assert [type(arm).__name__ for arm in arms.values()] == [
+        "Qwen3MoeForCausalLM", "Qwen3MoeGatedForCausalLM", "Qwen3MoeGatedForCausalLM", "Qwen3MoeGatedForCausalLM"]
+    ids = torch.randint(256, (1, 8), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(arms["qwen3"](ids).logits, arms["none"](ids).logits)
+    result = run_benchmark(BenchmarkOptions(size="moe-tiny", repeats=1, prompt_length=8, new_tokens=4, batch_sizes=(1,),
+                                            loading=False, conversion=False))
+    assert "| Qwen3MoeGated headwise |" in format_markdown(result) and "active params" in format_markdown(result)
+
+
+def test_eval_harness_loglikelihoods_of_a_moe_equal_its_own(gated_moe, tmp_path):
+    """lm-evaluation-harness on a gated MoE loaded by gated-qwen: its log-likelihoods are the model's own."""
+    pytest.importorskip("lm_eval", reason="lm-eval is not installed (pip install 'gated-qwen[eval]')")
+    from test_evaluation import ITEMS, TASK, loglikelihood_by_hand, write_task_folder
+
+    from gated_qwen.tools.evaluation import evaluate
+    from gated_qwen.tools.generation import load_model_and_tokenizer
+
+    task_folder = write_task_folder(tmp_path)
+    model, tokenizer = load_model_and_tokenizer(str(gated_moe), device="cpu", dtype="float32")
+    assert type(model).__name__ == "Qwen3MoeGatedForCausalLM"
+    result = evaluate(model, tokenizer, [TASK], include_path=task_folder, log_samples=True, bootstrap_iters=0, batch_size=2)
+    samples = sorted(result["samples"][TASK], key=lambda sample: sample["doc_id"])
+    assert len(samples) == len(ITEMS)
+    for item, sample in zip(ITEMS, samples):
+        expected = [loglikelihood_by_hand(model, tokenizer, item["question"], " " + choice) for choice in item["choices"]]
+        assert [float(loglikelihood) for loglikelihood, _ in sample["filtered_resps"]] == pytest.approx(expected, abs=1e-4)
