@@ -203,6 +203,13 @@ def check_scaling_options(args: TrainingArguments, num_processes: int) -> int:
 def _hf_arguments(args: TrainingArguments, total_steps: int, num_processes: int):
     from transformers import TrainingArguments as HFTrainingArguments
 
+    # transformers after 5.19 calls it activation_checkpointing (gradient_checkpointing stays a deprecated alias until
+    # v6); 5.19 knows only gradient_checkpointing (docs/compatibility.md).
+    checkpointing = (
+        "activation_checkpointing"
+        if any(field.name == "activation_checkpointing" for field in dataclasses.fields(HFTrainingArguments))
+        else "gradient_checkpointing"
+    )
     fsdp_config = None
     if args.fsdp_config:
         fsdp_config = json.loads(Path(args.fsdp_config).read_text()) if Path(args.fsdp_config).is_file() else json.loads(args.fsdp_config)
@@ -213,7 +220,7 @@ def _hf_arguments(args: TrainingArguments, total_steps: int, num_processes: int)
         adam_beta2=args.adam_betas[1], max_grad_norm=args.max_grad_norm, lr_scheduler_type="cosine_with_min_lr",
         lr_scheduler_kwargs={"min_lr_rate": args.min_lr_rate}, warmup_steps=min(args.warmup_steps, total_steps),
         logging_strategy="steps", logging_steps=1, save_strategy="steps", save_steps=args.save_every or total_steps,
-        seed=args.seed, bf16=_precision(args), activation_checkpointing=args.gradient_checkpointing,
+        seed=args.seed, bf16=_precision(args), **{checkpointing: args.gradient_checkpointing},
         fsdp=args.fsdp or "", fsdp_config=fsdp_config, deepspeed=args.deepspeed, report_to=args.report_to,
         disable_tqdm=not args.progress, remove_unused_columns=False, ddp_find_unused_parameters=False,
         dataloader_num_workers=0,
