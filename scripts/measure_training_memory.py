@@ -5,10 +5,10 @@ Builds a corpus of about --base-mb MB of JSON lines (the standard-library docstr
 times larger, a BPE tokenizer once (so both runs tokenize alike), then measures in fresh processes the peak
 resident memory (``wait4``'s ``ru_maxrss``) of:
 
-* ``gated-qwen train --streaming`` for --steps steps on each corpus;
-* ``gated-qwen train`` (Arrow cache, memory-mapped) for --steps steps on each corpus;
-* one whole pass of the data pipeline over each corpus (streamed, tokenized and packed into rows: what
-  training reads, to the last row), without a model;
+* ``gated-qwen train --streaming`` (the default) for --steps steps on each corpus;
+* ``gated-qwen train --no-streaming`` (datasets' Arrow cache, built first, memory-mapped) likewise;
+* one whole pass of the data pipeline over each corpus, and over one --middle times the base (streamed,
+  tokenized and packed into rows: what training reads, to the last row), without a model;
 * for scale, the in-memory helpers this package used before (``read_documents`` + ``pack_documents``) on the
   base corpus only.
 
@@ -86,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base-mb", type=float, default=23.0, help="size of the base corpus (default 23, the issue's)")
     parser.add_argument("--factor", type=int, default=10, help="the large corpus is this many times the base (default 10)")
+    parser.add_argument("--middle", type=int, default=3, help="a data pass also over this many times the base (default 3)")
     parser.add_argument("--steps", type=int, default=20, help="training steps per run (default 20)")
     parser.add_argument("--work", type=Path, help="folder for the corpora and runs (default: a temporary folder)")
     parser.add_argument("--results-dir", default="results/training_memory", help="where results.json/.md go")
@@ -103,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
                        env=env, check=True, capture_output=True)
         corpora = {
             "base": build_corpus(docstrings / "train.jsonl", work / "base.jsonl", args.base_mb),
+            f"{args.middle}x": build_corpus(docstrings / "train.jsonl", work / "middle.jsonl", args.base_mb * args.middle),
             f"{args.factor}x": build_corpus(docstrings / "train.jsonl", work / "large.jsonl", args.base_mb * args.factor),
         }
         tokenizer = work / "tokenizer"
@@ -113,14 +115,14 @@ def main(argv: list[str] | None = None) -> int:
         ), str(docstrings / "train.jsonl"), str(tokenizer)], env=env, check=True)
         rows = []
         for name, corpus in corpora.items():
-            for streaming in (True, False):
+            for streaming in (True, False) if name != f"{args.middle}x" else ():
                 out = work / f"run-{name}-{'stream' if streaming else 'arrow'}"
                 command = [sys.executable, "-m", "gated_qwen", "train", "--train-file", corpus["path"], "--tokenizer", str(tokenizer),
                            "--config", str(ROOT / "configs" / "small_4M.json"), "--seq-len", "256", "--batch-size", "8",
                            "--max-steps", str(args.steps), "--warmup-steps", "2", "--eval-every", str(args.steps),
-                           "--out", str(out), "--no-progress", "--threads", "2"] + (["--streaming"] if streaming else [])
+                           "--out", str(out), "--no-progress", "--threads", "2", "--streaming" if streaming else "--no-streaming"]
                 result = measured(command, env)
-                rows.append({"what": f"train {args.steps} steps" + (" --streaming" if streaming else " (Arrow cache)"),
+                rows.append({"what": f"train {args.steps} steps" + (" --streaming" if streaming else " --no-streaming (Arrow cache)"),
                              "corpus": name, **corpus, "peak_mib": result["peak_mib"], "seconds": result["seconds"]})
                 print(rows[-1], file=sys.stderr)
             result = measured([sys.executable, "-c", DATA_PASS, corpus["path"], str(tokenizer)], env)

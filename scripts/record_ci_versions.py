@@ -7,7 +7,7 @@ versions installed at that moment (through ``scripts/_results.py``), pytest's ow
 counts of transformers' common model tests and of the tensor-parallel tests, which must have run (not
 skipped) on both ends of the range. ``--fresh`` starts a new record (the first run of a CI).
 
-    python -m pytest -q --junitxml=newest.xml | tee newest.log
+    PYTEST_ADDOPTS=--junitxml=newest.xml python -m pytest -q | tee newest.log
     python scripts/record_ci_versions.py --fresh --run newest --junit newest.xml --log newest.log
 """
 
@@ -21,7 +21,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _results import ROOT, describe, new_report, package_versions, write_results  # noqa: E402
+from _results import ROOT, describe, new_report, package_versions, write_results
 
 FOLDER = ROOT / "results" / "ci"
 # file of the tests -> the name the record gives their counts
@@ -78,7 +78,7 @@ def record_run(name: str, junit: Path, log: Path) -> dict:
 
 def markdown(report: dict) -> str:
     rows = [
-        "| run | transformers | torch | passed | skipped | failed | common tests passed / skipped | TP tests passed / skipped |",
+        "| run | transformers | torch | tests passed | skipped | failed | common tests passed / skipped | TP tests passed / skipped |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for run in report["runs"]:
@@ -92,9 +92,12 @@ def markdown(report: dict) -> str:
     summaries = "\n".join(f"- {run['name']}: `{run['pytest_summary']}`" for run in report["runs"])
     return (
         "The test command (`python -m pytest -q`) on both ends of the transformers range, in the last run that "
-        "recorded them (tests counted once however many subtests they have):\n\n"
+        "recorded them. The table counts the test cases of pytest's JUnit report (`tests/models/"
+        "test_modeling_qwen3_gated_common.py`: transformers' common tests; `tests/models/test_tensor_parallel.py`: "
+        "the 2-rank tests), a test with subtests once; pytest's own summary line, which also counts some "
+        "subtests' reports, follows it.\n\n"
         + "\n".join(rows)
-        + f"\n\npytest's own summaries:\n\n{summaries}\n\n{describe(report)}\n"
+        + f"\n\npytest's summary lines:\n\n{summaries}\n\n{describe(report)}\n"
     )
 
 

@@ -7,6 +7,8 @@ import json
 
 
 def add_parser(subparsers) -> None:
+    import argparse
+
     from ..tools.training_args import DEFAULT_VOCAB_SIZE, TRAINABLE, TrainingArguments
     from ..utils.names import CONVERSION_INITS, GATE_TYPES
 
@@ -30,8 +32,9 @@ def add_parser(subparsers) -> None:
     data.add_argument("--split", default=defaults.split, help="the --dataset split to train on (default %(default)s)")
     data.add_argument("--heldout-split", help="a --dataset split to evaluate on, instead of --heldout-file")
     data.add_argument("--text-field", default=defaults.text_field, help="the field holding the text (default %(default)s)")
-    data.add_argument("--streaming", action="store_true",
-                      help="stream the data as it trains (datasets streaming) instead of building an Arrow cache first")
+    data.add_argument("--streaming", action=argparse.BooleanOptionalAction, default=defaults.streaming,
+                      help="stream the data as it trains (the default: memory does not grow with the corpus); "
+                      "--no-streaming builds datasets' Arrow cache first (memory-mapped, each process reading only its slice)")
     data.add_argument("--data-shards", type=int, metavar="N",
                       help="read the data as N shards, process r of W taking shards r, r+W, ... (default: one per process); "
                       "runs with the same N see the same rows per step whatever their process count")

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["GATED_UNIT_STYLES", "check_and_adapt_tp_plan"]
+__all__ = ["GATED_UNIT_STYLES", "GatedQProjTensorParallelMixin", "check_and_adapt_tp_plan"]
 
 # transformers' style -> this model's replacement for q_proj / o_proj (registered in ALL_PARALLEL_STYLES under these names)
 GATED_UNIT_STYLES = {"unit_colwise": "qwen3_gated_unit_colwise", "unit_rowwise": "qwen3_gated_unit_rowwise"}
@@ -104,16 +104,18 @@ def check_and_adapt_tp_plan(plan: dict[str, str], num_key_value_heads: int, tp_s
     return changes
 
 
-def register_gated_unit_styles() -> None:
+def register_gated_unit_styles() -> bool:
     """Register :data:`GATED_UNIT_STYLES` in transformers' parallel styles, where transformers has unit styles.
 
-    A no-op on transformers before 5.25 (no ``UnitColwiseParallel``; a plan naming ``unit_colwise`` is refused
-    there by transformers itself).
+    False on transformers before 5.25 (no ``UnitColwiseParallel``): nothing is registered, and a plan naming
+    ``unit_colwise`` is refused there by transformers itself.
     """
     from transformers.distributed import tensor_parallel
 
-    if not hasattr(tensor_parallel, "UnitColwiseParallel") or GATED_UNIT_STYLES["unit_colwise"] in tensor_parallel.ALL_PARALLEL_STYLES:
-        return
+    if not hasattr(tensor_parallel, "UnitColwiseParallel"):
+        return False
+    if GATED_UNIT_STYLES["unit_colwise"] in tensor_parallel.ALL_PARALLEL_STYLES:
+        return True
     from torch.distributed.tensor import Replicate, Shard
 
     class _KvGroupUnits:
@@ -146,6 +148,7 @@ def register_gated_unit_styles() -> None:
     tensor_parallel.ALL_PARALLEL_STYLES.register(
         GATED_UNIT_STYLES["unit_rowwise"], GatedUnitRowwise(input_layouts=Shard(-1), output_layouts=Replicate())
     )
+    return True
 
 
 def adapt_distributed_config(model, distributed_config):
@@ -164,9 +167,24 @@ def adapt_distributed_config(model, distributed_config):
         return distributed_config
     plan = dict(model.tp_plan) | (override if isinstance(override, dict) else {})
     changes = check_and_adapt_tp_plan(plan, model.config.num_key_value_heads, distributed_config.tp_size)
-    if not changes:
+    if not changes or not register_gated_unit_styles():  # (before 5.25 transformers refuses the unit styles itself)
         return distributed_config
-    register_gated_unit_styles()
     adapted = copy.copy(distributed_config)
     adapted.tp_plan = (override if isinstance(override, dict) else {}) | changes
     return adapted
+
+
+class GatedQProjTensorParallelMixin:
+    """For the PreTrainedModel classes of models with the gated attention (dense and MoE), before transformers' base.
+
+    q_proj's gate rows must stay with their kv group on each rank: the plan is checked, and transformers' unit
+    styles (which count gate rows as heads) are swapped for ones counting kv groups, before transformers applies it.
+    ``maybe_distribute_model`` is the classmethod of transformers' ``DistributedMixin`` that ``from_pretrained``
+    calls to shard a model (transformers 5.19 - 5.25, docs/compatibility.md).
+    """
+
+    @classmethod
+    def maybe_distribute_model(cls, model, distributed_config, mesh_manager):
+        if mesh_manager is not None:
+            distributed_config = adapt_distributed_config(model, distributed_config)
+        return super().maybe_distribute_model(model, distributed_config, mesh_manager)

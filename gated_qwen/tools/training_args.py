@@ -17,7 +17,7 @@ TRAINABLE = ("all", "gate")  # what --trainable accepts: every parameter, or the
 
 # What fixes the rows a run reads and the model it starts from: a resumed run must give the same values.
 RUN_DATA_KEYS = (
-    "train_file", "dataset", "dataset_config", "split", "text_field", "shuffle_buffer", "seed", "seq_len",
+    "train_file", "dataset", "dataset_config", "split", "text_field", "streaming", "shuffle_buffer", "seed", "seq_len",
     "gate", "config", "max_steps", "max_tokens", "init_from", "init_from_subfolder", "init_from_revision",
     "gate_init", "trainable", "gate_lr_scale",
 )
@@ -45,7 +45,7 @@ class TrainingArguments:
     split: str = "train"
     heldout_split: str | None = None  # a split of `dataset` to evaluate on, instead of heldout_file
     text_field: str = "text"
-    streaming: bool = False  # read the data as it trains (datasets streaming) instead of through an Arrow cache
+    streaming: bool = True  # read the data as it trains (datasets streaming); False: through datasets' Arrow cache
     data_shards: int | None = None  # the data is read as this many shards (None: one per process); see data.py
     shuffle_buffer: int = 1000  # documents in the shuffle buffer of each shard
     config: str | None = None  # a config.json (e.g. configs/small_4M.json); None: Qwen3GatedConfig defaults + flags

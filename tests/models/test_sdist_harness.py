@@ -68,6 +68,7 @@ def test_a_file_neither_the_sdist_nor_a_stand_in_provides_is_named(tmp_path):
 def test_without_network_the_common_tests_skip_but_fail_in_ci(tmp_path, ci, outcome):
     env = dict(os.environ, CI=ci, GATED_QWEN_TRANSFORMERS_TESTS=str(tmp_path / "empty"), PIP_CONFIG_FILE=os.devnull,
                PIP_INDEX_URL="http://127.0.0.1:9/simple", PIP_FIND_LINKS="", PIP_NO_INDEX="")
+    env.pop("PYTEST_ADDOPTS", None)  # CI's (a JUnit report for the outer run) is not this inner run's
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=-ra", str(COMMON_TESTS)],
         capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path,

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import os
 import socket
-import tempfile
 
 import pytest
 import torch
 import torch.multiprocessing as mp
 
-from gated_qwen import Qwen3GatedConfig, Qwen3GatedForCausalLM
+from gated_qwen import Qwen3GatedConfig, Qwen3GatedForCausalLM, Qwen3MoeGatedConfig, Qwen3MoeGatedForCausalLM
 from gated_qwen.models.tensor_parallel import GATED_UNIT_STYLES, check_and_adapt_tp_plan
 from transformers.distributed import tensor_parallel as transformers_tp
 
@@ -29,13 +28,20 @@ UNIT_PLAN = {
 }
 
 
-def tiny_config(gate: str, num_attention_heads: int, num_key_value_heads: int) -> Qwen3GatedConfig:
-    return Qwen3GatedConfig(
+def tiny_config(gate: str, num_attention_heads: int, num_key_value_heads: int, moe: bool = False):
+    sizes = dict(
         vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=num_attention_heads,
         num_key_value_heads=num_key_value_heads, head_dim=8, max_position_embeddings=128, pad_token_id=0,
         bos_token_id=1, eos_token_id=2, headwise_attn_output_gate=gate == "headwise",
         elementwise_attn_output_gate=gate == "elementwise",
     )
+    if moe:  # the MoE model shares the dense model's gated attention (and its TP handling)
+        return Qwen3MoeGatedConfig(**sizes, moe_intermediate_size=16, num_experts=4, num_experts_per_tok=2)
+    return Qwen3GatedConfig(**sizes)
+
+
+def model_class(config):
+    return Qwen3MoeGatedForCausalLM if isinstance(config, Qwen3MoeGatedConfig) else Qwen3GatedForCausalLM
 
 
 # ------------------------------------------------------------------------------------------------ ranks
@@ -46,10 +52,12 @@ def _compare_with_one_rank(rank: int, folder: str, tp_plan: dict | None, result_
     import torch.distributed as dist
     from transformers.distributed.configuration_utils import DistributedConfig
 
-    model_tp = Qwen3GatedForCausalLM.from_pretrained(
+    from transformers import AutoModelForCausalLM  # the folder's config picks the dense or MoE class
+
+    model_tp = AutoModelForCausalLM.from_pretrained(
         folder, distributed_config=DistributedConfig(tp_size=dist.get_world_size(), tp_plan=tp_plan)
     ).eval()
-    model = Qwen3GatedForCausalLM.from_pretrained(folder).eval()
+    model = AutoModelForCausalLM.from_pretrained(folder).eval()
     q_proj = model_tp.model.layers[0].self_attn.q_proj.weight
     local_rows = (q_proj.to_local() if hasattr(q_proj, "to_local") else q_proj).shape[0]
 
@@ -91,11 +99,12 @@ def run_on_two_ranks(func, *args) -> None:
     mp.start_processes(_rank_main, args=(2, port, func, args), nprocs=2, join=True, start_method="spawn")
 
 
-def sharded_vs_unsharded(tmp_path, gate: str, heads: int, kv_heads: int, tp_plan: dict | None) -> list[dict]:
+def sharded_vs_unsharded(tmp_path, gate: str, heads: int, kv_heads: int, tp_plan: dict | None, moe=False) -> list[dict]:
     folder, results = tmp_path / "model", tmp_path / "results"
     results.mkdir()
     torch.manual_seed(42)
-    Qwen3GatedForCausalLM(tiny_config(gate, heads, kv_heads)).save_pretrained(folder)
+    config = tiny_config(gate, heads, kv_heads, moe)
+    model_class(config)(config).save_pretrained(folder)
     run_on_two_ranks(_compare_with_one_rank, str(folder), tp_plan, str(results))
     return [torch.load(results / f"rank{rank}.pt", weights_only=True) for rank in range(2)]
 
@@ -104,6 +113,7 @@ def sharded_vs_unsharded(tmp_path, gate: str, heads: int, kv_heads: int, tp_plan
 
 
 needs_two_cpus = pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="2 ranks need 2 CPUs")
+needs_unit_styles = pytest.mark.skipif(not HAS_UNIT_STYLES, reason="unit styles are transformers >= 5.25")
 
 
 @needs_two_cpus
@@ -112,10 +122,8 @@ needs_two_cpus = pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="2 ranks n
     "plan, heads, kv_heads, sharded",
     [
         pytest.param(None, 4, 2, True, id="colwise"),
-        pytest.param(UNIT_PLAN, 4, 2, True, id="unit-sharded",
-                     marks=pytest.mark.skipif(not HAS_UNIT_STYLES, reason="unit styles are transformers >= 5.25")),
-        pytest.param(UNIT_PLAN, 2, 1, False, id="unit-replicated",
-                     marks=pytest.mark.skipif(not HAS_UNIT_STYLES, reason="unit styles are transformers >= 5.25")),
+        pytest.param(UNIT_PLAN, 4, 2, True, id="unit-sharded", marks=needs_unit_styles),
+        pytest.param(UNIT_PLAN, 2, 1, False, id="unit-replicated", marks=needs_unit_styles),
     ],
 )
 def test_two_ranks_give_the_logits_of_one(tmp_path, gate, plan, heads, kv_heads, sharded):
@@ -126,6 +134,19 @@ def test_two_ranks_give_the_logits_of_one(tmp_path, gate, plan, heads, kv_heads,
         assert report["local_q_proj_rows"] == expected_rows, (rank, report)
         assert report["max_logit_diff"] < 1e-5 and report["loss_diff"] < 1e-5, (rank, report)
         assert report["same_tokens"], (rank, report)
+
+
+@needs_two_cpus
+@pytest.mark.parametrize(
+    "plan, kv_heads, sharded",
+    [pytest.param(None, 2, True, id="colwise"), pytest.param(UNIT_PLAN, 1, False, id="unit-replicated", marks=needs_unit_styles)],
+)
+def test_the_moe_model_shards_its_gated_attention_the_same_way(tmp_path, plan, kv_heads, sharded):
+    reports = sharded_vs_unsharded(tmp_path, "elementwise", 2 * kv_heads, kv_heads, plan, moe=True)
+    for rank, report in enumerate(reports):
+        expected_rows = report["full_q_proj_rows"] // 2 if sharded else report["full_q_proj_rows"]
+        assert report["local_q_proj_rows"] == expected_rows, (rank, report)
+        assert report["max_logit_diff"] < 1e-5 and report["loss_diff"] < 1e-5 and report["same_tokens"], (rank, report)
 
 
 def _load_expecting_refusal(rank: int, folder: str, tp_plan: dict | None, result_folder: str) -> None:

@@ -39,7 +39,7 @@ from transformers.utils.deprecation import deprecate_kwarg
 from ..auto import register_with_transformers
 from .configuration_qwen3_gated import Qwen3GatedConfig
 from ..layout import gate_dim, q_proj_rows, split_query_and_gate
-from ..tensor_parallel import adapt_distributed_config
+from ..tensor_parallel import GatedQProjTensorParallelMixin
 
 logger = logging.get_logger(__name__)
 
@@ -145,7 +145,7 @@ class Qwen3GatedDecoderLayer(Qwen3DecoderLayer):
         self.self_attn = Qwen3GatedAttention(config=config, layer_idx=layer_idx)
 
 
-class Qwen3GatedPreTrainedModel(Qwen3PreTrainedModel):
+class Qwen3GatedPreTrainedModel(GatedQProjTensorParallelMixin, Qwen3PreTrainedModel):
     config_class = Qwen3GatedConfig
     config: Qwen3GatedConfig
     _no_split_modules = ["Qwen3GatedDecoderLayer"]
@@ -153,14 +153,6 @@ class Qwen3GatedPreTrainedModel(Qwen3PreTrainedModel):
         "hidden_states": Qwen3GatedDecoderLayer,
         "attentions": Qwen3GatedAttention,
     }
-
-    @classmethod
-    def maybe_distribute_model(cls, model, distributed_config, mesh_manager):
-        # q_proj's gate rows must stay with their kv group on each rank: the plan is checked, and transformers'
-        # unit styles (which count gate rows as heads) are swapped for ones counting kv groups (tensor_parallel.py).
-        if mesh_manager is not None:
-            distributed_config = adapt_distributed_config(model, distributed_config)
-        return super().maybe_distribute_model(model, distributed_config, mesh_manager)
 
 
 class Qwen3GatedModel(Qwen3GatedPreTrainedModel, Qwen3Model):

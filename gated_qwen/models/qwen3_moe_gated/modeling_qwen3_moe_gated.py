@@ -29,7 +29,7 @@ from transformers.utils.output_capturing import OutputRecorder
 
 from ..auto import register_with_transformers
 from ..qwen3_gated.modeling_qwen3_gated import Qwen3GatedAttention
-from ..tensor_parallel import adapt_distributed_config
+from ..tensor_parallel import GatedQProjTensorParallelMixin
 from .configuration_qwen3_moe_gated import Qwen3MoeGatedConfig
 
 
@@ -50,7 +50,7 @@ class Qwen3MoeGatedDecoderLayer(Qwen3MoeDecoderLayer):
         self.self_attn = Qwen3MoeGatedAttention(config=config, layer_idx=layer_idx)
 
 
-class Qwen3MoeGatedPreTrainedModel(Qwen3MoePreTrainedModel):
+class Qwen3MoeGatedPreTrainedModel(GatedQProjTensorParallelMixin, Qwen3MoePreTrainedModel):
     config_class = Qwen3MoeGatedConfig
     config: Qwen3MoeGatedConfig
     _no_split_modules = ["Qwen3MoeGatedDecoderLayer"]
@@ -63,14 +63,6 @@ class Qwen3MoeGatedPreTrainedModel(Qwen3MoePreTrainedModel):
         "hidden_states": Qwen3MoeGatedDecoderLayer,
         "attentions": Qwen3MoeGatedAttention,
     }
-
-    @classmethod
-    def maybe_distribute_model(cls, model, distributed_config, mesh_manager):
-        # As for the dense model: q_proj's gate rows must stay with their kv group on each rank, so the plan is
-        # checked and transformers' unit styles swapped for ones counting kv groups (models/tensor_parallel.py).
-        if mesh_manager is not None:
-            distributed_config = adapt_distributed_config(model, distributed_config)
-        return super().maybe_distribute_model(model, distributed_config, mesh_manager)
 
 
 class Qwen3MoeGatedModel(Qwen3MoeGatedPreTrainedModel, Qwen3MoeModel):

@@ -130,6 +130,14 @@ def check_resume_matches(args: TrainingArguments, state: dict, num_processes: in
             f"the checkpoint read its data as {state['data_shards']} shards, this run as {data_shards}; "
             f"pass --data-shards {state['data_shards']}"
         )
+    if saved_processes != num_processes:
+        from transformers.utils import logging
+
+        logging.get_logger(__name__).warning(
+            f"resuming a run of {saved_processes} processes on {num_processes}: the global batch ({rows} rows) and the "
+            f"{data_shards} data shards are the same, so every step takes the same rows; only the per-process RNG "
+            "states (dropout) cannot carry over"
+        )
 
 
 def output_folder(args: TrainingArguments, checkpoint: Path | None) -> OutputFolder:

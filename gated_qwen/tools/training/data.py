@@ -110,20 +110,38 @@ def load_documents(args: TrainingArguments, heldout: bool = False, streaming: bo
     except TrainingError:
         raise
     except Exception as error:  # datasets raises many types (file not found, builder and parse errors)
-        if spec is not None and builder == "json":
-            for path in files:
-                bad = _bad_json_line(path)
-                if bad:
-                    raise TrainingError(f"{bad} is not a JSON object with a {args.text_field!r} field") from None
-        reason = " ".join(str(error).split())[:300]
-        raise TrainingError(f"cannot read {spec or name}: {reason}") from None
+        raise reading_error(args, error, heldout) from None
     field = "text" if spec is not None and builder == "text" else args.text_field
     columns = documents.column_names
+    if columns is None:  # a stream whose features datasets does not know before reading: the first document says
+        try:
+            first = next(iter(documents.take(1)), None)
+        except Exception as error:  # a parse error in the first lines
+            raise reading_error(args, error, heldout) from None
+        columns = list(first) if first is not None else None
     if columns is not None and field not in columns:
         raise TrainingError(f"{where} has no {field!r} field (its fields: {', '.join(columns)}); name the text field with --text-field")
     if field != "text":
         documents = documents.rename_column(field, "text")
     return documents.select_columns(["text"])
+
+
+def reading_error(args: TrainingArguments, error: Exception, heldout: bool = False) -> TrainingError:
+    """The one-line error for a failure of datasets while reading the text (opening it, or streaming it later):
+    the first line that is not a JSON object for JSON-lines files, the missing text field, else datasets' reason."""
+    spec = args.heldout_file if heldout else args.train_file
+    if spec is not None and not args.dataset:
+        builder, files = _local_files(spec)
+        if builder == "json":
+            for path in files:
+                bad = _bad_json_line(path)
+                if bad:
+                    return TrainingError(f"{bad} is not a JSON object with a {args.text_field!r} field")
+    where = spec or args.dataset
+    if isinstance(error, KeyError):
+        return TrainingError(f"{where} has no {args.text_field!r} field in every document; name the text field with --text-field")
+    reason = " ".join(str(error).split())[:300]
+    return TrainingError(f"cannot read {where}: {reason}")
 
 
 def shard_documents(documents, num_shards: int, index: int):

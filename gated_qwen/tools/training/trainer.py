@@ -305,8 +305,15 @@ def train(args: TrainingArguments, resume: str | Path | None = None) -> dict:
                 f"{initial_model.config.vocab_size}: it is not this model's tokenizer"
             )
     rows = PackedRows(documents, tokenizer, args.seq_len, data_shards, rank, num_processes, args.seed, args.shuffle_buffer)
-    rows.check()
-    heldout = read_heldout_rows(args, tokenizer)
+    from .data import reading_error
+
+    try:
+        rows.check()
+        heldout = read_heldout_rows(args, tokenizer)
+    except TrainingError:
+        raise
+    except Exception as error:  # datasets' and pyarrow's parse errors, met while streaming the first rows
+        raise reading_error(args, error) from None
 
     if initial_model is None:
         config = build_config(args, tokenizer)
