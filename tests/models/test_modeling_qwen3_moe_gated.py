@@ -291,3 +291,19 @@ def test_distributed_config_shards_the_moe_by_kv_group_with_the_dense_models_pla
         report = torch.load(tmp_path / "results" / f"rank{rank}.pt", weights_only=True)
         assert report["local_q_proj_rows"] == (full_rows // 2 if plan == "colwise" else full_rows), report
         assert report["max_logit_diff"] < 1e-5 and report["loss_diff"] < 1e-5 and report["same_tokens"], report
+
+
+@pytest.mark.parametrize("first", ["gated_qwen.models.qwen3_moe_gated.modeling_qwen3_moe_gated",
+                                   "gated_qwen.models.qwen3_gated.modeling_qwen3_gated", "transformers"])
+def test_both_families_register_whichever_module_is_imported_first(first):
+    import subprocess
+    import sys
+
+    probe = (
+        f"import {first}\n"
+        "import gated_qwen\n"
+        "from transformers import AutoConfig\n"
+        "print(type(AutoConfig.for_model('qwen3_moe_gated')).__name__, type(AutoConfig.for_model('qwen3_gated')).__name__)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    assert result.stdout.split() == ["Qwen3MoeGatedConfig", "Qwen3GatedConfig"], result.stderr[-2000:]

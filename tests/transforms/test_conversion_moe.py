@@ -108,6 +108,15 @@ def test_a_moe_classifier_converts_in_memory():
         assert torch.equal(stock(ids).logits, gated(ids).logits)
 
 
+def test_gate_keep_resaves_a_gated_moe_unchanged(stock_moe, tmp_path):
+    torch.manual_seed(0)
+    convert_checkpoint(stock_moe, tmp_path / "gated", gate="elementwise", init="random", progress=False)
+    result = convert_checkpoint(tmp_path / "gated", tmp_path / "kept", gate="keep", verify=True, progress=False)
+    assert result.gate == "elementwise" and result.max_difference == 0.0
+    kept, gated = tensors_of(tmp_path / "kept"), tensors_of(tmp_path / "gated")
+    assert kept.keys() == gated.keys() and all(torch.equal(kept[name], gated[name]) for name in kept)
+
+
 def test_refusals_name_what_is_wrong(stock_moe, tmp_path):
     gated = tmp_path / "gated"
     convert_checkpoint(stock_moe, gated, gate="headwise", progress=False)
