@@ -1,5 +1,9 @@
-"""The model a run starts from: new from a config, or a Qwen3 / Qwen3Gated checkpoint converted on the fly;
-and the checks on the options that decide it, made before anything is read or written."""
+"""The model a run starts from: new from a config, or a checkpoint converted on the fly; and the checks on the
+options that decide it, made before anything is read or written.
+
+Both families train: dense (Qwen3 / Qwen3Gated, the released arms) and mixture of experts (Qwen3-MoE /
+Qwen3MoeGated). Which one a config or checkpoint is says its ``model_type``, read by
+:func:`gated_qwen.models.auto.causal_lm_class`, the one place that chooses."""
 
 from __future__ import annotations
 
@@ -10,12 +14,15 @@ from pathlib import Path
 import torch
 
 from ...errors import GatedQwenError
+from ...models.auto import causal_lm_class
 from ...models.qwen3_gated.configuration_qwen3_gated import Qwen3GatedConfig
+from ...models.qwen3_moe_gated.configuration_qwen3_moe_gated import Qwen3MoeGatedConfig
 from ..training_args import TRAINABLE, TrainingArguments, TrainingError
 
 
 def _config_values(args: TrainingArguments) -> dict:
-    """The keys of ``args.config`` (or none: the defaults) with the gate of ``args.gate``."""
+    """The keys of ``args.config`` (or none: the defaults) with the gate of ``args.gate``; ``model_type`` is kept,
+    to say the family (:func:`_make_config` takes it out)."""
     values = {}
     if args.config:
         path = Path(args.config)
@@ -25,7 +32,6 @@ def _config_values(args: TrainingArguments) -> dict:
             values = json.loads(path.read_text())
         except json.JSONDecodeError as error:
             raise TrainingError(f"config {path} is not valid JSON: {error}") from None
-    values.pop("model_type", None)
     values.pop("architectures", None)
     if args.gate is not None:
         from ...models.layout import GATE_TYPES
@@ -37,9 +43,10 @@ def _config_values(args: TrainingArguments) -> dict:
     return values
 
 
-def build_config(args: TrainingArguments, tokenizer) -> Qwen3GatedConfig:
+def build_config(args: TrainingArguments, tokenizer) -> Qwen3GatedConfig | Qwen3MoeGatedConfig:
     """The model config: ``args.config`` (or defaults), the gate of ``args.gate``, the tokenizer's vocabulary
-    and special tokens, and room for ``seq_len`` positions."""
+    and special tokens, and room for ``seq_len`` positions. A config whose ``model_type`` is ``qwen3_moe`` or
+    ``qwen3_moe_gated`` gives a :class:`Qwen3MoeGatedConfig`, any other a :class:`Qwen3GatedConfig`."""
     values = _config_values(args)
     values.update(
         vocab_size=len(tokenizer),
@@ -51,11 +58,16 @@ def build_config(args: TrainingArguments, tokenizer) -> Qwen3GatedConfig:
     return _make_config(args, values)
 
 
-def _make_config(args: TrainingArguments, values: dict) -> Qwen3GatedConfig:
+def _make_config(args: TrainingArguments, values: dict) -> Qwen3GatedConfig | Qwen3MoeGatedConfig:
+    values = dict(values)
+    config_class = causal_lm_class(values).config_class  # the family its model_type says
+    values.pop("model_type", None)
     try:
-        return Qwen3GatedConfig(**values)
+        return config_class(**values)
     except (TypeError, ValueError) as error:
-        raise TrainingError(f"config {args.config or '(defaults)'} is not a valid Qwen3Gated config: {error}") from None
+        family = "Qwen3MoeGated" if config_class is Qwen3MoeGatedConfig else "Qwen3Gated"
+        reason = " ".join(str(error).split())
+        raise TrainingError(f"config {args.config or '(defaults)'} is not a valid {family} config: {reason}") from None
 
 
 def check_arguments(args: TrainingArguments) -> None:
@@ -100,23 +112,22 @@ def check_arguments(args: TrainingArguments) -> None:
         )
 
 
-def read_init_config(args: TrainingArguments) -> Qwen3GatedConfig:
+def read_init_config(args: TrainingArguments) -> Qwen3GatedConfig | Qwen3MoeGatedConfig:
     """The config of the model training will start from: ``args.init_from``'s, converted to ``args.gate``.
 
-    Only config.json is read (for a hub id, only it is downloaded). Refuses a gate conversion of a
-    checkpoint that has a gate, and ``trainable="gate"`` or a ``gate_lr_scale`` for a model without one.
+    A Qwen3-MoE or Qwen3MoeGated checkpoint gives a :class:`Qwen3MoeGatedConfig`, any other a
+    :class:`Qwen3GatedConfig` (which refuses a model type it cannot read, naming it). Only config.json is read
+    (for a hub id, only it is downloaded). Refuses a gate conversion of a checkpoint that has a gate, and
+    ``trainable="gate"`` or a ``gate_lr_scale`` for a model without one.
 
     >>> read_init_config(TrainingArguments(train_file="t.jsonl", output_dir="o", max_steps=1,
     ...                                    init_from="gated_qwen/default_models/baseline", gate="headwise")).gate_type  # doctest: +SKIP
     'headwise'
     """
-    from ..generation import local_checkpoint_folder
-
     source = args.init_from + (f" (subfolder {args.init_from_subfolder})" if args.init_from_subfolder else "")
-    # one clear error for a missing folder, an unknown or unreachable hub repository
-    local_checkpoint_folder(args.init_from, args.init_from_subfolder, args.init_from_revision)
+    config_class = _init_model_class(args).config_class
     try:
-        config = Qwen3GatedConfig.from_pretrained(
+        config = config_class.from_pretrained(
             args.init_from, subfolder=args.init_from_subfolder, revision=args.init_from_revision
         )
     except (OSError, ValueError) as error:
@@ -146,11 +157,23 @@ def _check_gate_options(args: TrainingArguments, gate_type: str, no_gate: str) -
         raise TrainingError(f"{no_gate}, so --gate-lr-scale has nothing to scale; {hint}, or leave --gate-lr-scale out")
 
 
+def _init_model_class(args: TrainingArguments) -> type:
+    """The causal-LM class that reads ``args.init_from`` (its config.json's ``model_type`` says the family)."""
+    from ...checkpoint.sources import read_config_json
+    from ..generation import local_checkpoint_folder
+
+    # one clear error for a missing folder, an unknown or unreachable hub repository
+    local_checkpoint_folder(args.init_from, args.init_from_subfolder, args.init_from_revision)
+    return causal_lm_class(read_config_json(args.init_from, args.init_from_subfolder, args.init_from_revision))
+
+
 def load_initial_model(args: TrainingArguments):
     """The model of ``args.init_from`` in float32, converted to ``args.gate`` when that is given.
 
     Any Qwen3 or Qwen3Gated checkpoint loads (a released arm, a stock Qwen3, one saved here) through
-    :meth:`Qwen3GatedForCausalLM.from_pretrained`, which never runs code from the checkpoint. The
+    :meth:`Qwen3GatedForCausalLM.from_pretrained`, any Qwen3-MoE or Qwen3MoeGated one through
+    :meth:`Qwen3MoeGatedForCausalLM.from_pretrained` (:func:`gated_qwen.models.auto.causal_lm_class` chooses);
+    neither runs code from the checkpoint. The
     weights train in float32 whatever dtype the checkpoint stores. The conversion
     (:func:`gated_qwen.transforms.conversion.convert_qwen3_to_gated`) draws a random gate init right after
     ``torch.manual_seed(args.seed)``, so the same seed gives the same model again.
@@ -160,10 +183,9 @@ def load_initial_model(args: TrainingArguments):
     >>> model.config.gate_type  # doctest: +SKIP
     'headwise'
     """
-    from ...models.qwen3_gated.modeling_qwen3_gated import Qwen3GatedForCausalLM
     from ...transforms.conversion import convert_qwen3_to_gated
 
-    model = Qwen3GatedForCausalLM.from_pretrained(
+    model = _init_model_class(args).from_pretrained(
         args.init_from, subfolder=args.init_from_subfolder, revision=args.init_from_revision, dtype=torch.float32
     )
     if args.gate is not None:

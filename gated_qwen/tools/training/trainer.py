@@ -265,7 +265,7 @@ def train(args: TrainingArguments, resume: str | Path | None = None) -> dict:
     from transformers import AutoTokenizer, GenerationConfig
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
-    from ...models.qwen3_gated.modeling_qwen3_gated import Qwen3GatedForCausalLM
+    from ...models.auto import causal_lm_class
     from ..generation import load_tokenizer
 
     if args.threads:
@@ -325,7 +325,7 @@ def train(args: TrainingArguments, resume: str | Path | None = None) -> dict:
     if initial_model is None:
         config = build_config(args, tokenizer)
         torch.manual_seed(args.seed)
-        model = Qwen3GatedForCausalLM(config)
+        model = causal_lm_class({"model_type": config.model_type})(config)  # Qwen3Gated or Qwen3MoeGated
     else:
         model, config = initial_model, initial_model.config
         if args.seq_len > config.max_position_embeddings:

@@ -1,0 +1,212 @@
+"""``train`` on Qwen3-MoE models (issue 23): --init-from a stock Qwen3-MoE converted on the fly (--gate, --init),
+--trainable gate and --gate-lr-scale on an MoE, the router's auxiliary loss in the trained loss, and an MoE
+config trained from scratch."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoTokenizer, Qwen3MoeForCausalLM
+
+from gated_qwen.models.layout import split_query_and_gate
+from gated_qwen.models.qwen3_moe_gated.modeling_qwen3_moe_gated import Qwen3MoeGatedForCausalLM
+from gated_qwen.tools.training import TrainingArguments, load_initial_model, train
+from gated_qwen.tools.training.data import PackedRows, load_documents
+from gated_qwen.tools.training.reporting import evaluate
+from gated_qwen.transforms.conversion import convert_qwen3_to_gated
+
+from conftest import TOKENIZER_TEXT, tiny_moe_config_dict, write_stock_moe_checkpoint, write_tiny_tokenizer
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    path = tmp_path / "corpus.jsonl"
+    with path.open("w") as f:
+        for i in range(12):
+            for text in TOKENIZER_TEXT:
+                f.write(json.dumps({"text": f"{i}: {text}"}) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def stock_moe_source(tmp_path_factory) -> Path:
+    """A tiny stock Qwen3-MoE (2 sparse layers, 4 experts, 2 per token) with the tiny tokenizer beside it."""
+    return write_stock_moe_checkpoint(tmp_path_factory.mktemp("stock_moe_train"))
+
+
+def moe_args(corpus: Path, out: Path, **overrides) -> TrainingArguments:
+    values = dict(
+        train_file=str(corpus), heldout_file=str(corpus), output_dir=str(out), seq_len=32, batch_size=4, max_steps=2,
+        learning_rate=3e-3, warmup_steps=0, eval_every=2, eval_rows=8, seed=0, threads=1, progress=False,
+    )
+    return TrainingArguments(**{**values, **overrides})
+
+
+def read_log(folder: Path) -> list[dict]:
+    return list(csv.DictReader((folder / "log.csv").open()))
+
+
+def load_stock(folder: Path) -> Qwen3MoeForCausalLM:
+    return Qwen3MoeForCausalLM.from_pretrained(folder, dtype=torch.float32)
+
+
+def load_gated(folder: Path) -> Qwen3MoeGatedForCausalLM:
+    return Qwen3MoeGatedForCausalLM.from_pretrained(folder, dtype=torch.float32)
+
+
+def heldout(args: TrainingArguments, tokenizer) -> torch.Tensor:
+    from gated_qwen.tools.training.data import read_heldout_rows
+
+    return read_heldout_rows(args, tokenizer)
+
+
+@pytest.mark.parametrize("gate, init", [("headwise", "identity"), ("elementwise", "random")])
+def test_init_from_a_stock_moe_converts_it_and_trains(corpus, tmp_path, stock_moe_source, gate, init):
+    from transformers import AutoModelForCausalLM  # gated_qwen, imported above, registered the gated MoE with it
+
+    args = moe_args(corpus, tmp_path / "run", init_from=str(stock_moe_source), gate=gate, gate_init=init)
+    stock = load_stock(stock_moe_source)
+    start = load_initial_model(args)
+    assert isinstance(start, Qwen3MoeGatedForCausalLM) and start.config.gate_type == gate
+    ids = torch.randint(start.config.vocab_size, (2, 24), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        same_logits = torch.equal(start(ids).logits, stock(ids).logits)
+    # identity: the model before step 1 computes the stock model's logits bit for bit; random: the gate acts
+    assert same_logits == (init == "identity")
+
+    summary = train(args)
+    tokenizer = AutoTokenizer.from_pretrained(stock_moe_source)
+    rows = heldout(args, tokenizer)
+    log = read_log(tmp_path / "run")
+    assert log[0]["step"] == "0" and log[-1]["step"] == "2"
+    assert log[0]["heldout_loss"] == f"{evaluate(start, rows)['loss']:.5f}"
+    if init == "identity":
+        assert log[0]["heldout_loss"] == f"{evaluate(stock, rows)['loss']:.5f}"
+
+    final = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "final", dtype=torch.float32)
+    assert type(final) is Qwen3MoeGatedForCausalLM and final.config.model_type == "qwen3_moe_gated"
+    assert summary["gate"] == final.config.gate_type == gate
+    assert (final.config.num_experts, final.config.num_experts_per_tok) == (4, 2)
+    trained, started = final.state_dict(), start.state_dict()
+    assert trained.keys() == started.keys()
+    assert not torch.equal(trained["model.layers.0.mlp.gate.weight"], started["model.layers.0.mlp.gate.weight"])
+    assert AutoTokenizer.from_pretrained(tmp_path / "run" / "final").get_vocab() == tokenizer.get_vocab()
+
+
+def split_rows(config, tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    gate_dim = {"headwise": 1, "elementwise": config.head_dim}[config.gate_type]
+    return split_query_and_gate(tensor, config.num_key_value_heads, config.head_dim, gate_dim, dim=0)
+
+
+def test_trainable_gate_on_an_moe_changes_the_gate_rows_and_nothing_else(corpus, tmp_path, stock_moe_source):
+    source = tmp_path / "stock_aux"  # with the auxiliary loss on: its gradient reaches the router too
+    shutil.copytree(stock_moe_source, source)
+    config = json.loads((source / "config.json").read_text())
+    (source / "config.json").write_text(json.dumps({**config, "output_router_logits": True, "router_aux_loss_coef": 0.5}))
+    before = convert_qwen3_to_gated(load_stock(source), gate="headwise").state_dict()
+    before = {name: tensor.clone() for name, tensor in before.items()}
+    args = moe_args(corpus, tmp_path / "run", init_from=str(source), gate="headwise", trainable="gate",
+                    max_steps=3, weight_decay=0.1, learning_rate=1e-2)
+    summary = train(args)
+    after = load_gated(tmp_path / "run" / "final")
+    assert summary["trainable_parameters"] == 2 * 4 * 32  # 2 layers x 4 heads x 32 inputs (no q bias)
+    assert after.state_dict().keys() == before.keys()
+    assert any(".mlp.experts." in name for name in before) and any(name.endswith(".mlp.gate.weight") for name in before)
+    changed = 0
+    for name, tensor in after.state_dict().items():
+        if ".self_attn.q_proj." in name:
+            (query_before, gate_before), (query_after, gate_after) = (split_rows(after.config, t) for t in (before[name], tensor))
+            assert torch.equal(query_after, query_before), name
+            assert not torch.equal(gate_after, gate_before), name
+            changed += 1
+        else:  # router, experts, norms, embeddings, the rest of the attention: bit for bit as they were
+            assert torch.equal(tensor, before[name]), name
+    assert changed == 2
+
+
+def test_gate_lr_scale_on_an_moe_scales_the_gate_rows_update_only(corpus, tmp_path, stock_moe_source):
+    before = convert_qwen3_to_gated(load_stock(stock_moe_source), gate="headwise", init="random")
+    config = before.config
+    converted = tmp_path / "converted"
+    before.save_pretrained(converted)
+    write_tiny_tokenizer(converted)
+    before = load_gated(converted).state_dict()
+    finals = {}
+    for scale in (1.0, 8.0):
+        args = moe_args(corpus, tmp_path / f"scale{scale}", init_from=str(converted), max_steps=1, gate_lr_scale=scale)
+        train(args)
+        finals[scale] = load_gated(Path(args.output_dir) / "final").state_dict()
+    for name, tensor in before.items():
+        if ".self_attn.q_proj." not in name:
+            assert torch.equal(finals[1.0][name], finals[8.0][name]), name
+            continue
+        (_, gate), (query_1, gate_1), (query_8, gate_8) = (split_rows(config, t) for t in (tensor, finals[1.0][name], finals[8.0][name]))
+        assert torch.equal(query_1, query_8), name
+        assert not torch.equal(gate_1, gate)
+        torch.testing.assert_close(gate_8 - gate, 8 * (gate_1 - gate), rtol=1e-4, atol=1e-7)
+
+
+def test_the_trained_loss_includes_the_routers_auxiliary_loss_when_the_config_asks(corpus, tmp_path, stock_moe_source):
+    """output_router_logits in the config: the loss Trainer optimises (log.csv's train_loss) is the language-model
+    loss plus router_aux_loss_coef x the load-balancing loss, as transformers' Qwen3-MoE computes it."""
+    coef = 0.5
+    sources = {}
+    for aux in (False, True):
+        source = sources[aux] = tmp_path / f"stock_aux_{aux}"
+        shutil.copytree(stock_moe_source, source)
+        config = json.loads((source / "config.json").read_text())
+        (source / "config.json").write_text(json.dumps({**config, "output_router_logits": aux, "router_aux_loss_coef": coef}))
+    losses = {}
+    for aux, source in sources.items():
+        args = moe_args(corpus, tmp_path / f"run_{aux}", init_from=str(source), gate="headwise", max_steps=1)
+        train(args)
+        losses[aux] = float(read_log(Path(args.output_dir))[1]["train_loss"])
+    # the first batch the run trained on, and the starting model's load-balancing loss on it
+    tokenizer = AutoTokenizer.from_pretrained(sources[True])
+    rows = PackedRows(load_documents(args), tokenizer, args.seq_len, 1, 0, 1, args.seed, args.shuffle_buffer)
+    batch = torch.stack([row["input_ids"] for row, _ in zip(rows, range(args.batch_size))])
+    model = load_initial_model(args)
+    with torch.no_grad():
+        output = model(input_ids=batch, labels=batch)
+    assert output.aux_loss is not None and output.aux_loss.item() > 0
+    assert losses[True] - losses[False] == pytest.approx(coef * output.aux_loss.item(), abs=2e-5)
+
+
+def test_an_moe_config_trains_from_scratch(corpus, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    config = {**tiny_moe_config_dict(), "model_type": "qwen3_moe_gated", "architectures": ["Qwen3MoeGatedForCausalLM"],
+              "headwise_attn_output_gate": True, "elementwise_attn_output_gate": False, "output_router_logits": True}
+    (tmp_path / "moe.json").write_text(json.dumps(config))
+    args = moe_args(corpus, tmp_path / "run", config=str(tmp_path / "moe.json"), vocab_size=300, max_steps=3)
+    summary = train(args)
+    final = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "final")
+    assert type(final) is Qwen3MoeGatedForCausalLM and final.config.gate_type == summary["gate"] == "headwise"
+    assert (final.config.num_experts, final.config.num_experts_per_tok, final.config.output_router_logits) == (4, 2, True)
+    assert final.config.vocab_size == len(AutoTokenizer.from_pretrained(tmp_path / "run" / "final"))
+    log = read_log(tmp_path / "run")
+    assert [row["step"] for row in log] == ["0", "1", "2", "3"]
+    assert float(log[-1]["heldout_loss"]) < float(log[0]["heldout_loss"])
+
+
+def test_a_stock_moe_config_with_gate_trains_as_the_gated_moe(corpus, tmp_path):
+    (tmp_path / "stock.json").write_text(json.dumps(tiny_moe_config_dict()))  # model_type "qwen3_moe"
+    args = moe_args(corpus, tmp_path / "run", config=str(tmp_path / "stock.json"), gate="elementwise", vocab_size=300, max_steps=1)
+    summary = train(args)
+    final = load_gated(tmp_path / "run" / "final")
+    assert summary["gate"] == final.config.gate_type == "elementwise"
+    assert final.config.model_type == "qwen3_moe_gated"
+
+
+def test_an_invalid_moe_config_is_refused_naming_the_family(corpus, tmp_path):
+    from gated_qwen.tools.training_args import TrainingError
+
+    (tmp_path / "bad.json").write_text(json.dumps(tiny_moe_config_dict(num_experts=2, num_experts_per_tok=3)))
+    with pytest.raises(TrainingError, match="not a valid Qwen3MoeGated config.*num_experts_per_tok"):
+        train(moe_args(corpus, tmp_path / "run", config=str(tmp_path / "bad.json"), vocab_size=300, max_steps=1))
+    assert not (tmp_path / "run").exists()
