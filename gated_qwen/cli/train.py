@@ -1,5 +1,5 @@
-"""``gated-qwen train``: train a Qwen3Gated model on plain text, from scratch or continuing a checkpoint
-(see :mod:`gated_qwen.tools.training`)."""
+"""``gated-qwen train``: train a Qwen3Gated (or Qwen3MoeGated) model on plain text, from scratch or continuing a
+checkpoint (see :mod:`gated_qwen.tools.training`)."""
 
 from __future__ import annotations
 
@@ -15,9 +15,10 @@ def add_parser(subparsers) -> None:
     defaults = TrainingArguments(train_file="", output_dir="")
     parser = subparsers.add_parser(
         "train",
-        help="train a gated (or baseline) model from scratch, or continue a Qwen3 / Qwen3Gated checkpoint",
-        description="Train a Qwen3Gated model from scratch (byte-level BPE tokenizer trained on the text), or continue "
-        "a checkpoint with --init-from, converting a model without a gate with --gate. AdamW with warmup and cosine "
+        help="train a gated (or baseline) model from scratch, or continue a Qwen3 / Qwen3Gated checkpoint, dense or MoE",
+        description="Train a Qwen3Gated model from scratch (byte-level BPE tokenizer trained on the text; a --config "
+        "whose model_type is qwen3_moe or qwen3_moe_gated gives a Qwen3MoeGated one), or continue a dense or "
+        "Qwen3-MoE checkpoint with --init-from, converting a model without a gate with --gate. AdamW with warmup and cosine "
         "decay on transformers' Trainer, held-out loss every --eval-every steps, log.csv, loss.png, resumable checkpoints, "
         "the model in OUT/final. Data through Hugging Face datasets, streamed, sharded across processes and packed on "
         "the fly. Runs on CPU, one GPU, or several processes under `torchrun` or `accelerate launch` (DDP; FSDP and "
@@ -45,12 +46,14 @@ def add_parser(subparsers) -> None:
     data.add_argument("--vocab-size", type=int, help=f"from scratch: BPE vocabulary to train (default {DEFAULT_VOCAB_SIZE})")
     data.add_argument("--seq-len", type=int, default=defaults.seq_len, help="tokens per row (default %(default)s)")
     model = parser.add_argument_group("model")
-    model.add_argument("--config", help="from scratch: a config.json for the architecture, e.g. configs/small_4M.json")
+    model.add_argument("--config", help="from scratch: a config.json for the architecture, e.g. configs/small_4M.json "
+                       "(model_type qwen3_moe or qwen3_moe_gated: a mixture of experts)")
     model.add_argument("--gate", choices=GATE_TYPES,
                        help="from scratch: the gate (overrides the config); with --init-from: convert a checkpoint "
                        "without a gate to this one")
     model.add_argument("--init-from", metavar="CHECKPOINT",
-                       help="continue this Qwen3 or Qwen3Gated checkpoint (folder or hub id) with its tokenizer, "
+                       help="continue this Qwen3, Qwen3Gated, Qwen3-MoE or Qwen3MoeGated checkpoint (folder or hub id) "
+                       "with its tokenizer, "
                        "instead of training from scratch")
     model.add_argument("--subfolder", default="", help="the --init-from checkpoint's subfolder (e.g. 1B_baseline)")
     model.add_argument("--revision", help="the --init-from checkpoint's hub revision")

@@ -48,7 +48,7 @@ class TrainingArguments:
     streaming: bool = True  # read the data as it trains (datasets streaming); False: through datasets' Arrow cache
     data_shards: int | None = None  # the data is read as this many shards (None: one per process); see data.py
     shuffle_buffer: int = 1000  # documents in the shuffle buffer of each shard
-    config: str | None = None  # a config.json (e.g. configs/small_4M.json); None: Qwen3GatedConfig defaults + flags
+    config: str | None = None  # a config.json (e.g. configs/small_4M.json; an MoE one by model_type); None: Qwen3GatedConfig defaults + flags
     gate: str | None = None  # none/headwise/elementwise; overrides the config's gate flags
     tokenizer: str | None = None  # a tokenizer folder; None: train a byte-level BPE of vocab_size
     vocab_size: int | None = None  # of the BPE to train; None: DEFAULT_VOCAB_SIZE
@@ -77,7 +77,7 @@ class TrainingArguments:
     overwrite: bool = False
     progress: bool = True
     # Continuing a checkpoint instead of training from scratch (see training.load_initial_model, parameter_groups).
-    init_from: str | None = None  # a Qwen3 or Qwen3Gated checkpoint folder or hub id; its tokenizer is kept
+    init_from: str | None = None  # a Qwen3 / Qwen3Gated / Qwen3-MoE / Qwen3MoeGated checkpoint folder or hub id; its tokenizer is kept
     init_from_subfolder: str = ""
     init_from_revision: str | None = None
     gate_init: str | None = None  # identity/random: how `gate` converts init_from (default identity)

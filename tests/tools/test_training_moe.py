@@ -151,30 +151,48 @@ def test_gate_lr_scale_on_an_moe_scales_the_gate_rows_update_only(corpus, tmp_pa
         torch.testing.assert_close(gate_8 - gate, 8 * (gate_1 - gate), rtol=1e-4, atol=1e-7)
 
 
-def test_the_trained_loss_includes_the_routers_auxiliary_loss_when_the_config_asks(corpus, tmp_path, stock_moe_source):
-    """output_router_logits in the config: the loss Trainer optimises (log.csv's train_loss) is the language-model
-    loss plus router_aux_loss_coef x the load-balancing loss, as transformers' Qwen3-MoE computes it."""
-    coef = 0.5
+def aux_sources(tmp_path: Path, stock: Path, coef: float) -> dict[bool, Path]:
+    """Copies of ``stock`` whose config has the auxiliary loss off (False) and on (True), at ``coef``."""
     sources = {}
     for aux in (False, True):
         source = sources[aux] = tmp_path / f"stock_aux_{aux}"
-        shutil.copytree(stock_moe_source, source)
+        shutil.copytree(stock, source)
         config = json.loads((source / "config.json").read_text())
         (source / "config.json").write_text(json.dumps({**config, "output_router_logits": aux, "router_aux_loss_coef": coef}))
+    return sources
+
+
+def first_aux_losses(args: TrainingArguments, micro_batches: int, rank: int = 0, world_size: int = 1) -> list[float]:
+    """The starting model's load-balancing loss on each of the first ``micro_batches`` batches of this process."""
+    tokenizer = AutoTokenizer.from_pretrained(args.init_from)
+    rows = iter(PackedRows(load_documents(args), tokenizer, args.seq_len, world_size, rank, world_size, args.seed, args.shuffle_buffer))
+    model = load_initial_model(args)
+    losses = []
+    for _ in range(micro_batches):
+        batch = torch.stack([next(rows)["input_ids"] for _ in range(args.batch_size)])
+        with torch.no_grad():
+            losses.append(model(input_ids=batch, labels=batch).aux_loss.item())
+    return losses
+
+
+@pytest.mark.parametrize("batch_size, accumulation", [(4, 1), (2, 2)])
+def test_the_trained_loss_includes_the_routers_auxiliary_loss_when_the_config_asks(
+    corpus, tmp_path, stock_moe_source, batch_size, accumulation
+):
+    """output_router_logits in the config: the loss Trainer optimises (log.csv's train_loss) is the language-model
+    loss plus router_aux_loss_coef x the load-balancing loss, as transformers' Qwen3-MoE computes it; with
+    accumulated batches, coef x the mean of the micro-batches' (Trainer alone would weigh their sum)."""
+    coef = 0.5
+    sources = aux_sources(tmp_path, stock_moe_source, coef)
     losses = {}
     for aux, source in sources.items():
-        args = moe_args(corpus, tmp_path / f"run_{aux}", init_from=str(source), gate="headwise", max_steps=1)
+        args = moe_args(corpus, tmp_path / f"run_{aux}", init_from=str(source), gate="headwise", max_steps=1,
+                        batch_size=batch_size, gradient_accumulation_steps=accumulation)
         train(args)
         losses[aux] = float(read_log(Path(args.output_dir))[1]["train_loss"])
-    # the first batch the run trained on, and the starting model's load-balancing loss on it
-    tokenizer = AutoTokenizer.from_pretrained(sources[True])
-    rows = PackedRows(load_documents(args), tokenizer, args.seq_len, 1, 0, 1, args.seed, args.shuffle_buffer)
-    batch = torch.stack([row["input_ids"] for row, _ in zip(rows, range(args.batch_size))])
-    model = load_initial_model(args)
-    with torch.no_grad():
-        output = model(input_ids=batch, labels=batch)
-    assert output.aux_loss is not None and output.aux_loss.item() > 0
-    assert losses[True] - losses[False] == pytest.approx(coef * output.aux_loss.item(), abs=2e-5)
+    aux_losses = first_aux_losses(args, accumulation)
+    assert all(value > 0 for value in aux_losses)
+    assert losses[True] - losses[False] == pytest.approx(coef * sum(aux_losses) / accumulation, abs=2e-5)
 
 
 def test_an_moe_config_trains_from_scratch(corpus, tmp_path):

@@ -1,5 +1,5 @@
-"""Train a Qwen3Gated model on plain text, on transformers' Trainer: from scratch, or continuing a Qwen3 /
-Qwen3Gated checkpoint (converted on the fly), on one process or several.
+"""Train a Qwen3Gated (or Qwen3MoeGated) model on plain text, on transformers' Trainer: from scratch, or continuing
+a Qwen3 / Qwen3Gated / Qwen3-MoE / Qwen3MoeGated checkpoint (converted on the fly), on one process or several.
 
 The pieces, each usable alone:
 

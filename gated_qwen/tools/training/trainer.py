@@ -85,6 +85,29 @@ class GatedTrainer(Trainer):
                                                eps=self.args.adam_epsilon)
         return self.optimizer
 
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """Trainer's loss, with an MoE's router auxiliary loss weighted ``router_aux_loss_coef`` per optimizer step.
+
+        Qwen3-MoE returns ``cross-entropy + router_aux_loss_coef * aux_loss`` (when ``output_router_logits``), its
+        cross-entropy summed over the batch and divided by ``num_items_in_batch``, the tokens of the whole global
+        batch. For that cross-entropy Trainer neither divides by the accumulation steps nor lets DDP's averaging
+        stand (it multiplies by the process count); applied to the whole sum, that multiplies the auxiliary term's
+        weight by both (transformers issue #48690). Here each micro-batch's term is ``coef * aux_loss / steps``, so
+        the step optimises ``coef`` times the mean auxiliary loss of its micro-batches, whatever the accumulation
+        and the process count.
+        """
+        loss, outputs = super().compute_loss(model, inputs, return_outputs=True, num_items_in_batch=num_items_in_batch)
+        aux_loss = outputs.get("aux_loss") if isinstance(outputs, dict) else None
+        if aux_loss is not None and model.training and self.model_accepts_loss_kwargs and num_items_in_batch is not None:
+            # the factor Trainer.compute_loss multiplied the whole loss by, as it computes it
+            processes = 1
+            if self.args.average_tokens_across_devices:
+                processes = self.accelerator.num_processes // self.get_tp_size() if self.args.n_gpu <= 1 else self.args.n_gpu
+            steps = getattr(self, "current_gradient_accumulation_steps", None) or self.args.gradient_accumulation_steps
+            coef = self.accelerator.unwrap_model(model).router_aux_loss_coef
+            loss = loss + coef * aux_loss.to(loss.device) * (1.0 / steps - processes)
+        return (loss, outputs) if return_outputs else loss
+
     def get_train_dataloader(self):
         from transformers import default_data_collator
 
