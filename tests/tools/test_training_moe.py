@@ -261,3 +261,31 @@ def test_an_invalid_moe_config_is_refused_naming_the_family(corpus, tmp_path):
     with pytest.raises(TrainingError, match="not a valid Qwen3MoeGated config.*num_experts_per_tok"):
         train(moe_args(corpus, tmp_path / "run", config=str(tmp_path / "bad.json"), vocab_size=300, max_steps=1))
     assert not (tmp_path / "run").exists()
+
+
+def test_gate_options_on_moe_checkpoints_are_refused_as_on_dense_ones(corpus, tmp_path, stock_moe_source, capsys):
+    from gated_qwen.cli import main
+
+    converted = tmp_path / "converted"
+    convert_qwen3_to_gated(load_stock(stock_moe_source), gate="headwise").save_pretrained(converted)
+    write_tiny_tokenizer(converted)
+    base = ["train", "--train-file", str(corpus), "--out", str(tmp_path / "out"), "--max-steps", "1", "--no-progress"]
+    for extra, message in (
+        (["--init-from", str(converted), "--gate", "elementwise"], "already has a headwise gate"),
+        (["--init-from", str(stock_moe_source), "--trainable", "gate"], "has no gate, so --trainable gate would train nothing"),
+    ):
+        assert main(base + extra) == 2
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_gradient_checkpointing_gives_an_moe_the_same_steps(corpus, tmp_path, stock_moe_source):
+    source = aux_sources(tmp_path, stock_moe_source, coef=0.01)[True]
+    summaries = [
+        train(moe_args(corpus, tmp_path / f"run_{checkpointing}", init_from=str(source), gate="headwise", max_steps=3,
+                       gradient_checkpointing=checkpointing))
+        for checkpointing in (False, True)
+    ]
+    assert summaries[0]["final_train_loss"] == pytest.approx(summaries[1]["final_train_loss"], abs=1e-6)
+    assert summaries[0]["heldout"]["loss"] == pytest.approx(summaries[1]["heldout"]["loss"], abs=1e-6)
