@@ -5,6 +5,7 @@ config trained from scratch."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -289,3 +290,16 @@ def test_gradient_checkpointing_gives_an_moe_the_same_steps(corpus, tmp_path, st
     ]
     assert summaries[0]["final_train_loss"] == pytest.approx(summaries[1]["final_train_loss"], abs=1e-6)
     assert summaries[0]["heldout"]["loss"] == pytest.approx(summaries[1]["heldout"]["loss"], abs=1e-6)
+
+
+def test_resume_of_an_moe_run_equals_an_uninterrupted_one(corpus, tmp_path, stock_moe_source):
+    """Trainer's checkpoints hold the experts as transformers saves them; resuming loads them back exactly."""
+    source = aux_sources(tmp_path, stock_moe_source, coef=0.01)[True]
+    args = moe_args(corpus, tmp_path / "whole", init_from=str(source), gate="headwise", gate_init="random", max_steps=4,
+                    save_every=2, eval_every=4)
+    train(args)
+    train(dataclasses.replace(args, output_dir=str(tmp_path / "resumed")), resume=tmp_path / "whole" / "checkpoint-2")
+    whole, resumed = read_log(tmp_path / "whole"), read_log(tmp_path / "resumed")
+    assert [row["step"] for row in resumed] == ["3", "4"]
+    assert [row["train_loss"] for row in resumed] == [row["train_loss"] for row in whole[-2:]]
+    assert resumed[-1]["heldout_loss"] == whole[-1]["heldout_loss"]

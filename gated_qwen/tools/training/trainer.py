@@ -12,6 +12,7 @@ the fly), the checks made before anything is written, ``final/``, ``summary.json
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import re
@@ -107,6 +108,21 @@ class GatedTrainer(Trainer):
             coef = self.accelerator.unwrap_model(model).router_aux_loss_coef
             loss = loss + coef * aux_loss.to(loss.device) * (1.0 / steps - processes)
         return (loss, outputs) if return_outputs else loss
+
+    def _save(self, output_dir=None, state_dict=None):
+        """Trainer's checkpoint, its weights in the layout the model holds them.
+
+        Trainer resumes by ``load_state_dict`` (strict=False) on the saved file, while transformers 5's
+        ``save_pretrained`` writes a Qwen3-MoE's fused experts one tensor per expert (their layout on disk): the
+        experts would be left as they were, with only a warning. So checkpoints are saved with
+        ``save_original_format=False``; ``final/`` is written by ``save_pretrained`` as any checkpoint is.
+        """
+        model = self.accelerator.unwrap_model(self.model, keep_torch_compile=False)
+        model.save_pretrained = functools.partial(model.save_pretrained, save_original_format=False)
+        try:
+            super()._save(output_dir, state_dict)
+        finally:
+            del model.save_pretrained
 
     def get_train_dataloader(self):
         from transformers import default_data_collator
