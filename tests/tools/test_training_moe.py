@@ -104,9 +104,11 @@ def split_rows(config, tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     return split_query_and_gate(tensor, config.num_key_value_heads, config.head_dim, gate_dim, dim=0)
 
 
-def test_trainable_gate_on_an_moe_changes_the_gate_rows_and_nothing_else(corpus, tmp_path, stock_moe_source):
+@pytest.mark.parametrize("layers", ["sparse", "a dense layer among sparse ones"])
+def test_trainable_gate_on_an_moe_changes_the_gate_rows_and_nothing_else(corpus, tmp_path, request, layers):
+    stock = request.getfixturevalue("stock_moe_source" if layers == "sparse" else "stock_moe_dense_layer")
     source = tmp_path / "stock_aux"  # with the auxiliary loss on: its gradient reaches the router too
-    shutil.copytree(stock_moe_source, source)
+    shutil.copytree(stock, source)
     config = json.loads((source / "config.json").read_text())
     (source / "config.json").write_text(json.dumps({**config, "output_router_logits": True, "router_aux_loss_coef": 0.5}))
     before = convert_qwen3_to_gated(load_stock(source), gate="headwise").state_dict()
@@ -115,7 +117,8 @@ def test_trainable_gate_on_an_moe_changes_the_gate_rows_and_nothing_else(corpus,
                     max_steps=3, weight_decay=0.1, learning_rate=1e-2)
     summary = train(args)
     after = load_gated(tmp_path / "run" / "final")
-    assert summary["trainable_parameters"] == 2 * 4 * 32  # 2 layers x 4 heads x 32 inputs (no q bias)
+    num_layers = after.config.num_hidden_layers
+    assert summary["trainable_parameters"] == num_layers * 4 * 32  # layers x 4 heads x 32 inputs (no q bias)
     assert after.state_dict().keys() == before.keys()
     assert any(".mlp.experts." in name for name in before) and any(name.endswith(".mlp.gate.weight") for name in before)
     changed = 0
@@ -127,7 +130,9 @@ def test_trainable_gate_on_an_moe_changes_the_gate_rows_and_nothing_else(corpus,
             changed += 1
         else:  # router, experts, norms, embeddings, the rest of the attention: bit for bit as they were
             assert torch.equal(tensor, before[name]), name
-    assert changed == 2
+    assert changed == num_layers
+    if layers != "sparse":
+        assert after.config.mlp_only_layers == [1] and "model.layers.1.mlp.gate_proj.weight" in before
 
 
 def test_gate_lr_scale_on_an_moe_scales_the_gate_rows_update_only(corpus, tmp_path, stock_moe_source):
