@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors import safe_open
 from safetensors.torch import save_file
 
 import gated_qwen  # noqa: F401  (registers qwen3_gated with the Auto classes)
@@ -167,6 +168,12 @@ TOKENIZER_TEXT = [
     "def add(a, b):\n    return a + b\n",
     "Hello world. Hello gated attention. The quick brown fox jumps over the lazy dog.",
 ]
+
+
+def write_training_corpus(path: Path, repeats: int = 12) -> Path:
+    """A jsonl training corpus: each of TOKENIZER_TEXT ``repeats`` times, numbered ("3: The gate ...")."""
+    path.write_text("".join(json.dumps({"text": f"{i}: {text}"}) + "\n" for i in range(repeats) for text in TOKENIZER_TEXT))
+    return path
 
 
 def write_tiny_tokenizer(folder: Path, vocab_size: int = 300, chat_template: str | None = None) -> Path:
@@ -345,3 +352,37 @@ def stock_moe(tmp_path_factory) -> Path:
 def stock_moe_dense_layer(tmp_path_factory) -> Path:
     """A tiny stock Qwen3-MoE checkpoint with a dense layer among the sparse ones (``mlp_only_layers [1]`` of 3)."""
     return write_stock_moe_checkpoint(tmp_path_factory.mktemp("stock_moe_dense"), seed=1, num_hidden_layers=3, mlp_only_layers=[1])
+
+
+# Runs in a fresh interpreter that loads each export with transformers alone.
+LOAD_WITHOUT_GATED_QWEN = r"""
+import json, sys
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+torch.set_num_threads(1)  # tiny models: more threads only wait on each other
+jobs, results = json.loads(sys.argv[1]), {}
+for job in jobs:
+    model = AutoModelForCausalLM.from_pretrained(job["path"], dtype="auto")
+    ids = torch.tensor(job["ids"])
+    with torch.no_grad():
+        logits = model(ids).logits
+        tokens = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=job["new_tokens"],
+                                min_new_tokens=job["new_tokens"], do_sample=False, pad_token_id=0)
+    result = {"class": type(model).__name__, "dtype": str(model.dtype), "logits": logits, "tokens": tokens,
+              "parameters": model.num_parameters()}
+    if job.get("text"):
+        result["text_ids"] = AutoTokenizer.from_pretrained(job["path"])(job["text"])["input_ids"]
+    results[job["name"]] = result
+assert "gated_qwen" not in sys.modules, "gated_qwen was imported: the export must load without it"
+torch.save(results, sys.argv[2])
+"""
+
+
+def tensors_of(folder: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a checkpoint folder's safetensors files, by name."""
+    tensors = {}
+    for file in sorted(Path(folder).glob("*.safetensors")):
+        with safe_open(str(file), "pt") as handle:
+            tensors.update({name: handle.get_tensor(name) for name in handle.keys()})
+    return tensors

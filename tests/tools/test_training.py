@@ -29,19 +29,14 @@ from gated_qwen.tools.training import (
     unigram_perplexity,
 )
 
-from conftest import TOKENIZER_TEXT, write_released_arm, write_released_checkpoint, write_tiny_tokenizer
+from conftest import write_released_arm, write_released_checkpoint, write_tiny_tokenizer, write_training_corpus
 
 TINY_CONFIG = str(Path(__file__).parents[2] / "configs" / "tiny_headwise.json")
 
 
 @pytest.fixture
 def corpus(tmp_path):
-    path = tmp_path / "corpus.jsonl"
-    with path.open("w") as f:
-        for i in range(12):
-            for text in TOKENIZER_TEXT:
-                f.write(json.dumps({"text": f"{i}: {text}"}) + "\n")
-    return path
+    return write_training_corpus(tmp_path / "corpus.jsonl")
 
 
 def tiny_args(corpus: Path, out: Path, **overrides) -> TrainingArguments:
@@ -380,8 +375,7 @@ def test_cli_refuses_a_bad_combination_in_one_line(corpus, tmp_path, checkpoints
 def finished_run(tmp_path_factory):
     """A finished 4-step run with a checkpoint at step 2 and at the end: (corpus, run folder, its summary)."""
     root = tmp_path_factory.mktemp("finished")
-    corpus = root / "corpus.jsonl"
-    corpus.write_text("".join(json.dumps({"text": f"{i}: {text}"}) + "\n" for i in range(12) for text in TOKENIZER_TEXT))
+    corpus = write_training_corpus(root / "corpus.jsonl")
     summary = train(tiny_args(corpus, root / "run", max_steps=4, save_every=2))
     return corpus, root / "run", summary
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TOKENIZER_TEXT
+from conftest import TOKENIZER_TEXT, write_training_corpus
 
 from gated_qwen.cli import main
 from gated_qwen.tools.training import PackedRows, load_documents, train_tokenizer
@@ -25,12 +25,7 @@ TINY_CONFIG = str(ROOT / "configs" / "tiny_headwise.json")
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    path = tmp_path_factory.mktemp("corpus") / "corpus.jsonl"
-    with path.open("w") as f:
-        for i in range(40):
-            for text in TOKENIZER_TEXT:
-                f.write(json.dumps({"text": f"{i}: {text}"}) + "\n")
-    return path
+    return write_training_corpus(tmp_path_factory.mktemp("corpus") / "corpus.jsonl", repeats=40)
 
 
 def command(corpus: Path, out: Path, batch_size: int, *extra: str) -> list[str]:

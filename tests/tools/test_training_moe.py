@@ -21,17 +21,12 @@ from gated_qwen.tools.training.data import PackedRows, load_documents
 from gated_qwen.tools.training.reporting import evaluate
 from gated_qwen.transforms.conversion import convert_qwen3_to_gated
 
-from conftest import TOKENIZER_TEXT, tiny_moe_config_dict, write_stock_moe_checkpoint, write_tiny_tokenizer
+from conftest import tiny_moe_config_dict, write_stock_moe_checkpoint, write_tiny_tokenizer, write_training_corpus
 
 
 @pytest.fixture
 def corpus(tmp_path):
-    path = tmp_path / "corpus.jsonl"
-    with path.open("w") as f:
-        for i in range(12):
-            for text in TOKENIZER_TEXT:
-                f.write(json.dumps({"text": f"{i}: {text}"}) + "\n")
-    return path
+    return write_training_corpus(tmp_path / "corpus.jsonl")
 
 
 @pytest.fixture(scope="module")

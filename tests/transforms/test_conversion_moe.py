@@ -7,8 +7,7 @@ import shutil
 
 import pytest
 import torch
-from conftest import routed_experts, write_stock_moe_checkpoint
-from safetensors import safe_open
+from conftest import routed_experts, tensors_of, write_stock_moe_checkpoint
 from transformers import AutoModelForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM, Qwen3MoeForSequenceClassification
 
 from gated_qwen import Qwen3MoeGatedForCausalLM, convert_checkpoint, convert_qwen3_to_gated
@@ -18,13 +17,6 @@ from gated_qwen.models.qwen3_moe_gated.modeling_qwen3_moe_gated import Qwen3MoeG
 
 IDS = torch.randint(320, (2, 24), generator=torch.Generator().manual_seed(3))
 
-
-def tensors_of(folder) -> dict[str, torch.Tensor]:
-    tensors = {}
-    for file in sorted(folder.glob("*.safetensors")):
-        with safe_open(str(file), "pt") as handle:
-            tensors.update({name: handle.get_tensor(name) for name in handle.keys()})
-    return tensors
 
 
 @pytest.mark.parametrize("gate", ["headwise", "elementwise"])

@@ -28,10 +28,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors import safe_open
 from transformers.models.qwen3 import modeling_qwen3
 
-from conftest import tiny_config, write_released_checkpoint, write_tiny_tokenizer
+from conftest import LOAD_WITHOUT_GATED_QWEN, tensors_of, tiny_config, write_released_checkpoint, write_tiny_tokenizer
 from gated_qwen import Qwen3GatedForCausalLM
 from gated_qwen.cli import main
 from gated_qwen.errors import CheckpointError, GatedQwenError
@@ -52,30 +51,6 @@ ROPE_SCALINGS = {
     "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32},
 }
 GENERATION_CONFIG = {"do_sample": False, "max_new_tokens": 16, "bos_token_id": 0, "eos_token_id": 0}
-
-# Runs in a fresh interpreter that loads each export with transformers alone.
-LOAD_WITHOUT_GATED_QWEN = r"""
-import json, sys
-import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
-
-torch.set_num_threads(1)  # tiny models: more threads only wait on each other (as in conftest)
-jobs, results = json.loads(sys.argv[1]), {}
-for job in jobs:
-    model = AutoModelForCausalLM.from_pretrained(job["path"], dtype="auto")
-    ids = torch.tensor(job["ids"])
-    with torch.no_grad():
-        logits = model(ids).logits
-        tokens = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=job["new_tokens"],
-                                min_new_tokens=job["new_tokens"], do_sample=False, pad_token_id=0)
-    result = {"class": type(model).__name__, "dtype": str(model.dtype), "logits": logits, "tokens": tokens,
-              "parameters": model.num_parameters()}
-    if job.get("text"):
-        result["text_ids"] = AutoTokenizer.from_pretrained(job["path"])(job["text"])["input_ids"]
-    results[job["name"]] = result
-assert "gated_qwen" not in sys.modules, "gated_qwen was imported: the export must load without it"
-torch.save(results, sys.argv[2])
-"""
 
 
 def probe_ids() -> torch.Tensor:
@@ -99,14 +74,6 @@ def greedy(model, ids):
                               min_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)  # fmt: skip
 
 
-def export_tensors(folder: Path) -> dict[str, torch.Tensor]:
-    tensors = {}
-    for file in folder.glob("*.safetensors"):
-        with safe_open(str(file), framework="pt") as handle:
-            tensors.update({name: handle.get_tensor(name) for name in handle.keys()})
-    return tensors
-
-
 def qwen3_5_rms_norm_forward(self, hidden_states):
     """Qwen3RMSNorm computed as Qwen3_5RMSNorm computes it: the weight multiplies in float32, one rounding."""
     normed = hidden_states.float() * torch.rsqrt(hidden_states.float().pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
@@ -116,7 +83,7 @@ def qwen3_5_rms_norm_forward(self, hidden_states):
 @contextmanager
 def normed_like_qwen3_5(model, exported: Path):
     """``model`` (Qwen3Gated) with Qwen3.5's RMSNorm rounding and the norm weights the export restores (1 + stored)."""
-    stored = export_tensors(exported)
+    stored = tensors_of(exported)
     with torch.no_grad():
         for name, parameter in model.named_parameters():
             if "norm" in name:

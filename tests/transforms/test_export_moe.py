@@ -8,8 +8,7 @@ import sys
 
 import pytest
 import torch
-from conftest import write_stock_moe_checkpoint
-from safetensors import safe_open
+from conftest import LOAD_WITHOUT_GATED_QWEN, tensors_of, write_stock_moe_checkpoint
 from transformers.models.qwen3 import modeling_qwen3
 from transformers.models.qwen3_moe import modeling_qwen3_moe
 
@@ -19,34 +18,6 @@ from gated_qwen.errors import CheckpointError
 from gated_qwen.transforms.export import export_checkpoint, parameter_counts, zero_shared_expert_size
 
 NEW_TOKENS = 8
-
-# Runs in a fresh interpreter that loads each export with transformers alone.
-LOAD_WITHOUT_GATED_QWEN = r"""
-import json, sys
-import torch
-from transformers import AutoModelForCausalLM
-
-torch.set_num_threads(1)
-jobs, results = json.loads(sys.argv[1]), {}
-for job in jobs:
-    model = AutoModelForCausalLM.from_pretrained(job["path"], dtype="auto")
-    ids = torch.tensor(job["ids"])
-    with torch.no_grad():
-        logits = model(ids).logits
-        tokens = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=job["new_tokens"],
-                                min_new_tokens=job["new_tokens"], do_sample=False, pad_token_id=0)
-    results[job["name"]] = {"class": type(model).__name__, "dtype": str(model.dtype), "logits": logits, "tokens": tokens}
-assert "gated_qwen" not in sys.modules, "gated_qwen was imported: the export must load without it"
-torch.save(results, sys.argv[2])
-"""
-
-
-def tensors_of(folder) -> dict[str, torch.Tensor]:
-    tensors = {}
-    for file in sorted(folder.glob("*.safetensors")):
-        with safe_open(str(file), "pt") as handle:
-            tensors.update({name: handle.get_tensor(name) for name in handle.keys()})
-    return tensors
 
 
 @pytest.fixture(scope="module")

@@ -76,6 +76,20 @@ class GatedAttentionConfigMixin:
                 f"num_key_value_heads ({self.num_key_value_heads})"
             )
 
+    @staticmethod
+    def normalize_dict(config_dict: dict, source="the config") -> dict:
+        """The family's config.json dict made ready for the config class (checked and relabelled)."""
+        raise NotImplementedError
+
+    @classmethod
+    def get_config_dict(cls, pretrained_model_name_or_path, **kwargs):
+        config_dict, kwargs = super().get_config_dict(pretrained_model_name_or_path, **kwargs)
+        return cls.normalize_dict(config_dict, pretrained_model_name_or_path), kwargs
+
+    @classmethod
+    def from_dict(cls, config_dict, **kwargs):
+        return super().from_dict(cls.normalize_dict(config_dict), **kwargs)
+
     def to_dict(self):
         output = super().to_dict()
         output.pop("auto_map", None)
@@ -127,14 +141,9 @@ class Qwen3GatedConfig(GatedAttentionConfigMixin, Qwen3Config):
     size_keys = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                  "num_key_value_heads", "head_dim")
 
-    @classmethod
-    def get_config_dict(cls, pretrained_model_name_or_path, **kwargs):
-        config_dict, kwargs = super().get_config_dict(pretrained_model_name_or_path, **kwargs)
-        return normalize_config_dict(config_dict, pretrained_model_name_or_path), kwargs
-
-    @classmethod
-    def from_dict(cls, config_dict, **kwargs):
-        return super().from_dict(normalize_config_dict(config_dict), **kwargs)
+    @staticmethod
+    def normalize_dict(config_dict: dict, source="the config") -> dict:
+        return normalize_config_dict(config_dict, source)
 
 
 # Keys that only the released gated-attention config (or one saved here) has; a stock Qwen3 or

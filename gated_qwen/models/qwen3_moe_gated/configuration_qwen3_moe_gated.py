@@ -44,14 +44,9 @@ class Qwen3MoeGatedConfig(GatedAttentionConfigMixin, Qwen3MoeConfig):
                 f"num_experts_per_tok ({self.num_experts_per_tok}) is more than num_experts ({self.num_experts})"
             )
 
-    @classmethod
-    def get_config_dict(cls, pretrained_model_name_or_path, **kwargs):
-        config_dict, kwargs = super().get_config_dict(pretrained_model_name_or_path, **kwargs)
-        return normalize_moe_config_dict(config_dict, pretrained_model_name_or_path), kwargs
-
-    @classmethod
-    def from_dict(cls, config_dict, **kwargs):
-        return super().from_dict(normalize_moe_config_dict(config_dict), **kwargs)
+    @staticmethod
+    def normalize_dict(config_dict: dict, source="the config") -> dict:
+        return normalize_moe_config_dict(config_dict, source)
 
     def sparse_layers(self) -> list[int]:
         """The layers whose MLP is the routed experts (the others, ``mlp_only_layers``, have a dense MLP).
