@@ -34,13 +34,14 @@ def add_parser(subparsers) -> None:
     data.add_argument("--heldout-split", help="a --dataset split to evaluate on, instead of --heldout-file")
     data.add_argument("--text-field", default=defaults.text_field, help="the field holding the text (default %(default)s)")
     data.add_argument("--streaming", action=argparse.BooleanOptionalAction, default=defaults.streaming,
-                      help="stream the data as it trains (the default: memory does not grow with the corpus); "
-                      "--no-streaming builds datasets' Arrow cache first (memory-mapped, each process reading only its slice)")
+                      help="stream the data as it trains, its documents shuffled in a buffer (--shuffle-buffer): for data "
+                      "larger than the disk, or a hub data set not to download first. Default --no-streaming: datasets' Arrow "
+                      "cache (memory-mapped), each shard packed once into rows that every epoch permutes")
     data.add_argument("--data-shards", type=int, metavar="N",
                       help="read the data as N shards, process r of W taking shards r, r+W, ... (default: one per process); "
                       "runs with the same N see the same rows per step whatever their process count")
     data.add_argument("--shuffle-buffer", type=int, default=defaults.shuffle_buffer,
-                      help="documents in each shard's shuffle buffer (default %(default)s)")
+                      help="--streaming: documents in each shard's shuffle buffer (default %(default)s)")
     data.add_argument("--heldout-file", help="held-out text, same formats; evaluated every --eval-every steps")
     data.add_argument("--tokenizer", help="from scratch: a tokenizer folder to use instead of training one")
     data.add_argument("--vocab-size", type=int, help=f"from scratch: BPE vocabulary to train (default {DEFAULT_VOCAB_SIZE})")

@@ -45,9 +45,9 @@ class TrainingArguments:
     split: str = "train"
     heldout_split: str | None = None  # a split of `dataset` to evaluate on, instead of heldout_file
     text_field: str = "text"
-    streaming: bool = True  # read the data as it trains (datasets streaming); False: through datasets' Arrow cache
+    streaming: bool = False  # True: read the data as it trains (datasets streaming); False: through datasets' Arrow cache
     data_shards: int | None = None  # the data is read as this many shards (None: one per process); see data.py
-    shuffle_buffer: int = 1000  # documents in the shuffle buffer of each shard
+    shuffle_buffer: int = 1000  # streaming: documents in the shuffle buffer of each shard
     config: str | None = None  # a config.json (e.g. configs/small_4M.json; an MoE one by model_type); None: Qwen3GatedConfig defaults + flags
     gate: str | None = None  # none/headwise/elementwise; overrides the config's gate flags
     tokenizer: str | None = None  # a tokenizer folder; None: train a byte-level BPE of vocab_size

@@ -1,5 +1,5 @@
 """The training data through datasets: local formats, a data set folder with a split and a text field, streaming
-or not (the same rows), shards that read only their part, and one-line errors."""
+or not (the same rows; permuted whole, or shuffled in a buffer), shards that read only their part, and one-line errors."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import TOKENIZER_TEXT
 
 from gated_qwen.cli import main
@@ -44,12 +45,31 @@ def test_jsonl_parquet_and_streaming_give_the_same_rows(tmp_path, tokenizer):
     jsonl = write_jsonl(tmp_path / "t.jsonl")
     datasets.Dataset.from_dict({"text": DOCUMENTS}).to_parquet(str(tmp_path / "t.parquet"))
     base = dict(output_dir="unused", max_steps=1, seq_len=16)
-    reference = rows(TrainingArguments(train_file=str(jsonl), **base), tokenizer)
-    assert rows(TrainingArguments(train_file=str(jsonl), streaming=False, **base), tokenizer) == reference  # Arrow cache
-    assert rows(TrainingArguments(train_file=str(tmp_path / "t.parquet"), **base), tokenizer) == reference
-    assert rows(TrainingArguments(train_file=str(jsonl), seed=1, **base), tokenizer) != reference  # the seed orders them
+    documents = load_documents(TrainingArguments(train_file=str(jsonl), **base))
+    epoch = list(PackedRows(documents, tokenizer, 16, num_shards=1, rank=0, world_size=1, seed=0).packed_rows(0))
+    assert len(epoch) >= 12  # one pass over the documents, in their order
+    reference = rows(TrainingArguments(train_file=str(jsonl), **base), tokenizer, 2 * len(epoch))  # the Arrow cache
+    assert rows(TrainingArguments(train_file=str(tmp_path / "t.parquet"), **base), tokenizer, 2 * len(epoch)) == reference
+    # every epoch is a permutation of all the rows, drawn from seed + epoch
+    for index in range(2):
+        order = torch.randperm(len(epoch), generator=torch.Generator().manual_seed(index)).tolist()
+        assert reference[index * len(epoch) : (index + 1) * len(epoch)] == [epoch[i] for i in order]
+    assert rows(TrainingArguments(train_file=str(jsonl), seed=1, **base), tokenizer) != reference[:12]  # the seed orders them
+    streamed = rows(TrainingArguments(train_file=str(jsonl), streaming=True, **base), tokenizer, len(epoch))
+    assert streamed != epoch and sorted(streamed) != sorted(epoch)  # documents shuffled before they are packed
     flat = [token for row in reference for token in row]
     assert flat.count(tokenizer.eos_token_id) >= 4  # documents packed across rows, an eos after each
+
+
+def test_packed_rows_are_cached_for_the_same_text_and_rebuilt_when_it_changes(tmp_path, tokenizer):
+    jsonl = write_jsonl(tmp_path / "t.jsonl")
+    args = TrainingArguments(train_file=str(jsonl), output_dir="unused", max_steps=1, seq_len=16)
+    first = PackedRows(load_documents(args), tokenizer, 16, num_shards=1, rank=0, world_size=1, seed=0).row_table(0)
+    again = PackedRows(load_documents(args), tokenizer, 16, num_shards=1, rank=0, world_size=1, seed=0).row_table(0)
+    assert again.cache_files == first.cache_files  # read back, not tokenized again
+    jsonl.write_text(jsonl.read_text().replace("0: ", "zero: "))
+    changed = PackedRows(load_documents(args), tokenizer, 16, num_shards=1, rank=0, world_size=1, seed=0).row_table(0)
+    assert changed.cache_files != first.cache_files and changed["input_ids"] != first["input_ids"]
 
 
 def test_a_dataset_folder_with_a_split_and_a_text_field(tmp_path, tokenizer):

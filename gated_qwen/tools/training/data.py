@@ -9,9 +9,14 @@ and a split, a local folder), either through datasets' Arrow cache (memory-mappe
   data set's own files when streamed; documents ``k, k + D, ...`` when a stream has fewer files than
   shards); process ``r`` of ``W`` reads shards ``r, r + W, ...`` only, as
   ``datasets.distributed.split_dataset_by_node`` assigns them;
-* each shard is shuffled in a buffer (seeded by the seed and the epoch), tokenized in batches, an
-  end-of-text token after each document, packed into rows of ``seq_len`` tokens, and repeated for ever;
-* the process takes one row of each of its shards in turn.
+* each shard is tokenized in batches, an end-of-text token after each document, and packed into rows of
+  ``seq_len`` tokens. From an Arrow data set (``streaming=False``, the default) the rows are written once
+  into an Arrow data set of their own (datasets' cache, memory-mapped) and each epoch reads them in a new
+  permutation drawn from ``seed + epoch``: every row of the shard is equally likely at every step, as
+  Trainer's random sampler would draw them. Streamed, a shard cannot be permuted before it has been read:
+  its documents are shuffled in a buffer (seeded by the seed and the epoch) before they are packed, which
+  mixes only documents that lie within ``shuffle_buffer`` of each other in the files;
+* the rows are repeated epoch after epoch, and the process takes one row of each of its shards in turn.
 
 So the global stream of rows is ``shard 0 row 0, shard 1 row 0, ..., shard D-1 row 0, shard 0 row 1, ...``
 whatever the number of processes: with ``batch_size`` rows per process, the rows of a global step are the
@@ -23,6 +28,8 @@ reads up to it again (Trainer's ``skip_first_batches``).
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -178,6 +185,12 @@ def _pack(texts: Iterator[list[str]], tokenizer, seq_len: int) -> Iterator[list[
             del buffer[:seq_len]
 
 
+def _row_records(rows):
+    """``{"input_ids": row}`` for each row ``rows()`` yields (the generator of :meth:`PackedRows.row_table`)."""
+    for row in rows():
+        yield {"input_ids": row}
+
+
 class PackedRows(torch.utils.data.IterableDataset):
     """The training rows of process ``rank`` of ``world_size``, each ``{"input_ids", "labels"}`` of seq_len tokens.
 
@@ -202,12 +215,45 @@ class PackedRows(torch.utils.data.IterableDataset):
         self.num_shards, self.rank, self.world_size = num_shards, rank, world_size
         self.seed, self.shuffle_buffer = seed, shuffle_buffer
 
-    def shard_rows(self, index: int, shuffled: bool = True) -> Iterator[list[int]]:
-        """The rows of data shard ``index``, epoch after epoch (each epoch shuffled anew)."""
+    def packed_rows(self, index: int) -> Iterator[list[int]]:
+        """The rows of data shard ``index`` in the order of its documents, once."""
         shard = shard_documents(self.documents, self.num_shards, index)
-        if shuffled and self.shuffle_buffer > 1:
-            shard = shard.shuffle(seed=self.seed + index, buffer_size=self.shuffle_buffer)
+        texts = (batch["text"] for batch in shard.iter(batch_size=TOKENIZE_BATCH))
+        return _pack(texts, self.tokenizer, self.seq_len)
+
+    def row_table(self, index: int):
+        """The rows of data shard ``index`` as an Arrow data set (column ``input_ids``), built once by
+        ``datasets.Dataset.from_generator`` into datasets' cache and memory-mapped: a later run with the same
+        documents, tokenizer, ``seq_len`` and shards reads it again instead of tokenizing."""
+        import datasets
+
+        key = json.dumps([self.documents._fingerprint, self.tokenizer.backend_tokenizer.to_str(), self.tokenizer.eos_token_id,
+                          self.seq_len, self.num_shards, index])
+        features = datasets.Features({"input_ids": datasets.Sequence(datasets.Value("int32"))})
+        table = datasets.Dataset.from_generator(
+            _row_records, features=features, gen_kwargs={"rows": functools.partial(self.packed_rows, index)},
+            fingerprint=hashlib.sha256(key.encode()).hexdigest()[:32],
+        )
+        if len(table) == 0:
+            raise TrainingError(self._too_little(index))
+        return table
+
+    def shard_rows(self, index: int) -> Iterator[list[int]]:
+        """The rows of data shard ``index``, epoch after epoch, each epoch in a new order (module docstring)."""
+        import datasets
+
         epoch = 0
+        if isinstance(self.documents, datasets.Dataset):
+            table = self.row_table(index)
+            while True:
+                # the same permutation as torch.randperm(rows, generator seeded seed + epoch) of the whole corpus
+                order = torch.randperm(len(table), generator=torch.Generator().manual_seed(self.seed + epoch))
+                for position in order.tolist():
+                    yield table[position]["input_ids"]
+                epoch += 1
+        shard = shard_documents(self.documents, self.num_shards, index)
+        if self.shuffle_buffer > 1:
+            shard = shard.shuffle(seed=self.seed + index, buffer_size=self.shuffle_buffer)
         while True:
             shard.set_epoch(epoch)
             yielded = 0
@@ -227,7 +273,7 @@ class PackedRows(torch.utils.data.IterableDataset):
         """Raise the error a shard too small to give one row would raise in training, reading only the start of each
         shard (all of them, so every process raises the same error before anything is written)."""
         for index in range(self.num_shards):
-            if next(self.shard_rows(index, shuffled=False), None) is None:
+            if next(self.packed_rows(index), None) is None:
                 raise TrainingError(self._too_little(index))
 
     def __iter__(self):
