@@ -3,10 +3,11 @@
 Builds a corpus of about --base-mb MB of JSON lines (the standard-library docstrings of
 ``scripts/prepare_corpus.py``, repeated with a copy number in front of each document) and one --factor
 times larger, a BPE tokenizer once (so both runs tokenize alike), then measures in fresh processes the peak
-resident memory (``wait4``'s ``ru_maxrss``) of:
+resident memory (``ru_maxrss``) and its anonymous part (``RssAnon``, see :func:`measured`) of:
 
-* ``gated-qwen train --streaming`` (the default) for --steps steps on each corpus;
-* ``gated-qwen train --no-streaming`` (datasets' Arrow cache, built first, memory-mapped) likewise;
+* ``gated-qwen train`` (the default, ``--no-streaming``: datasets' Arrow cache, built first, and the rows packed once
+  into an Arrow data set of their own, both memory-mapped) for --steps steps on each corpus;
+* ``gated-qwen train --streaming`` likewise;
 * one whole pass of the data pipeline over each corpus, and over one --middle times the base (streamed,
   tokenized and packed into rows: what training reads, to the last row), without a model;
 * for scale, the in-memory helpers this package used before (``read_documents`` + ``pack_documents``) on the
@@ -49,22 +50,35 @@ print(len(pack_documents(read_documents(sys.argv[1]), AutoTokenizer.from_pretrai
 
 
 def measured(command: list[str], env: dict) -> dict:
-    """Peak RSS of ``command`` through a small Python wrapper that waits for it with wait4 (stdout kept)."""
+    """Peak memory of ``command``, through a small Python wrapper: the peak resident set (ru_maxrss) and
+    the peak of its anonymous part (``RssAnon`` of /proc/PID/status, read every 20 ms): the memory the process holds
+    itself, without the file pages it maps (a memory-mapped Arrow cache, shared libraries), which the kernel can
+    drop and read again. stdout kept."""
     wrapper = (
-        "import os, subprocess, sys, json, time\n"
+        "import json, subprocess, sys, tempfile, time\n"
         "start = time.perf_counter()\n"
-        "child = subprocess.Popen(sys.argv[1:], stdout=subprocess.PIPE, stderr=subprocess.PIPE)\n"
-        "out, err = b'', b''\n"
-        "out = child.stdout.read(); err = child.stderr.read()\n"
-        "_, status, usage = os.wait4(child.pid, 0)\n"
-        "print(json.dumps({'status': status, 'peak_mib': usage.ru_maxrss / 1024, 'seconds': time.perf_counter() - start,"
-        " 'out': out.decode()[-400:], 'err': err.decode()[-2000:]}))\n"
+        "out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()\n"
+        "child = subprocess.Popen(sys.argv[1:], stdout=out, stderr=err)\n"
+        "anon = 0\n"
+        "while child.poll() is None:\n"
+        "    try:\n"
+        "        status = open(f'/proc/{child.pid}/status').read()\n"
+        "        anon = max(anon, int(status.split('RssAnon:')[1].split()[0]))\n"
+        "    except (OSError, IndexError):\n"
+        "        pass\n"
+        "    time.sleep(0.02)\n"
+        "import resource\n"
+        "usage = resource.getrusage(resource.RUSAGE_CHILDREN)  # poll() reaped the child: the largest child's peak\n"
+        "out.seek(0); err.seek(0)\n"
+        "print(json.dumps({'status': child.returncode, 'peak_mib': usage.ru_maxrss / 1024, 'anon_mib': anon / 1024,"
+        " 'seconds': time.perf_counter() - start, 'out': out.read().decode()[-400:], 'err': err.read().decode()[-2000:]}))\n"
     )
     done = subprocess.run([sys.executable, "-c", wrapper, *command], env=env, capture_output=True, text=True, check=True)
     result = json.loads(done.stdout)
     if result["status"]:
         raise RuntimeError(f"{command} failed:\n{result['err']}")
-    return {"peak_mib": round(result["peak_mib"], 1), "seconds": round(result["seconds"], 1), "out": result["out"].strip()}
+    return {"peak_mib": round(result["peak_mib"], 1), "anon_mib": round(result["anon_mib"], 1),
+            "seconds": round(result["seconds"], 1), "out": result["out"].strip()}
 
 
 def build_corpus(source: Path, path: Path, megabytes: float) -> dict:
@@ -115,31 +129,32 @@ def main(argv: list[str] | None = None) -> int:
         ), str(docstrings / "train.jsonl"), str(tokenizer)], env=env, check=True)
         rows = []
         for name, corpus in corpora.items():
-            for streaming in (True, False) if name != f"{args.middle}x" else ():
+            for streaming in (False, True) if name != f"{args.middle}x" else ():
                 out = work / f"run-{name}-{'stream' if streaming else 'arrow'}"
                 command = [sys.executable, "-m", "gated_qwen", "train", "--train-file", corpus["path"], "--tokenizer", str(tokenizer),
                            "--config", str(ROOT / "configs" / "small_4M.json"), "--seq-len", "256", "--batch-size", "8",
                            "--max-steps", str(args.steps), "--warmup-steps", "2", "--eval-every", str(args.steps),
                            "--out", str(out), "--no-progress", "--threads", "2", "--streaming" if streaming else "--no-streaming"]
                 result = measured(command, env)
-                rows.append({"what": f"train {args.steps} steps" + (" --streaming" if streaming else " --no-streaming (Arrow cache)"),
-                             "corpus": name, **corpus, "peak_mib": result["peak_mib"], "seconds": result["seconds"]})
+                rows.append({"what": f"train {args.steps} steps" + (" --streaming" if streaming else " (default: Arrow cache)"),
+                             "corpus": name, **corpus, "peak_mib": result["peak_mib"], "anon_mib": result["anon_mib"], "seconds": result["seconds"]})
                 print(rows[-1], file=sys.stderr)
             result = measured([sys.executable, "-c", DATA_PASS, corpus["path"], str(tokenizer)], env)
             rows.append({"what": "one whole pass of the data (streamed, tokenized, packed)", "corpus": name, **corpus,
-                         "peak_mib": result["peak_mib"], "seconds": result["seconds"], "rows": int(result["out"])})
+                         "peak_mib": result["peak_mib"], "anon_mib": result["anon_mib"], "seconds": result["seconds"], "rows": int(result["out"])})
             print(rows[-1], file=sys.stderr)
         result = measured([sys.executable, "-c", IN_MEMORY, corpora["base"]["path"], str(tokenizer)], env)
         rows.append({"what": "before: read_documents + pack_documents (in memory)", "corpus": "base", **corpora["base"],
-                     "peak_mib": result["peak_mib"], "seconds": result["seconds"]})
+                     "peak_mib": result["peak_mib"], "anon_mib": result["anon_mib"], "seconds": result["seconds"]})
     for row in rows:
         row.pop("path")
     report = new_report("training_memory", steps=args.steps, rows=rows)
-    lines = ["| what | corpus | MB | documents | peak RSS (MiB) | seconds |", "|---|---|---|---|---|---|"]
+    lines = ["| what | corpus | MB | documents | peak RSS (MiB) | peak anonymous RSS (MiB) | seconds |", "|---|---|---|---|---|---|---|"]
     for row in rows:
-        lines.append(f"| {row['what']} | {row['corpus']} | {row['megabytes']} | {row['documents']:,} | {row['peak_mib']} | {row['seconds']} |")
+        lines.append(f"| {row['what']} | {row['corpus']} | {row['megabytes']} | {row['documents']:,} | {row['peak_mib']} | {row['anon_mib']} | {row['seconds']} |")
     table = "\n".join(lines) + (
-        "\n\nPeak resident memory of a fresh process (`wait4` ru_maxrss), `configs/small_4M.json`, seq-len 256, batch 8, "
+        "\n\nPeak resident memory of a fresh process (ru_maxrss) and the peak of its anonymous part (RssAnon: without "
+        "file pages such as the memory-mapped Arrow files, which the kernel can drop), `configs/small_4M.json`, seq-len 256, batch 8, "
         "one process, a BPE of 4096 trained once. " + describe(report) + "\n"
     )
     print(table)
