@@ -47,6 +47,7 @@ from .groups import (
 from .model_init import (
     build_config,
     check_arguments,
+    check_model_options,
     load_initial_model,
     read_init_config,
 )
@@ -65,6 +66,7 @@ __all__ = [
     "TrainingError",
     "build_config",
     "check_arguments",
+    "check_model_options",
     "evaluate",
     "gate_parameter_groups",
     "heldout_rows",

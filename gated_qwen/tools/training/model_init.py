@@ -147,6 +147,22 @@ def read_init_config(args: TrainingArguments) -> Qwen3GatedConfig | Qwen3MoeGate
     return config
 
 
+def check_model_options(args: TrainingArguments) -> None:
+    """Check the options against the model the run starts from, reading only configs: ``--init-from``'s config.json
+    converted to ``--gate`` (:func:`read_init_config`), else ``--config`` with ``--gate``; the gate options need a
+    model with a gate.
+
+    >>> check_model_options(TrainingArguments(train_file="t.jsonl", output_dir="o", max_steps=1, gate="none", gate_lr_scale=10))
+    Traceback (most recent call last):
+    ...
+    gated_qwen.tools.training_args.TrainingError: the model has no gate, so --gate-lr-scale has nothing to scale; choose a gate with --gate, or leave --gate-lr-scale out
+    """
+    if args.init_from:
+        read_init_config(args)
+    else:
+        _check_gate_options(args, _make_config(args, _config_values(args)).gate_type, "the model has no gate")
+
+
 def _check_gate_options(args: TrainingArguments, gate_type: str, no_gate: str) -> None:
     if gate_type != "none":
         return
@@ -196,4 +212,4 @@ def load_initial_model(args: TrainingArguments):
 
 
 
-__all__ = ["build_config", "check_arguments", "load_initial_model", "read_init_config"]
+__all__ = ["build_config", "check_arguments", "check_model_options", "load_initial_model", "read_init_config"]

@@ -35,15 +35,7 @@ from .data import (
     train_tokenizer,
 )
 from .groups import merge_gate_rows, parameter_groups
-from .model_init import (
-    _check_gate_options,
-    _config_values,
-    _make_config,
-    build_config,
-    check_arguments,
-    load_initial_model,
-    read_init_config,
-)
+from .model_init import build_config, check_arguments, check_model_options, load_initial_model
 from .reporting import append_log_row, evaluate, plot_losses, truncate_log
 
 logger = logging.get_logger(__name__)
@@ -316,10 +308,7 @@ def train(args: TrainingArguments, resume: str | Path | None = None) -> dict:
     state = ckpt.read_checkpoint(checkpoint) if checkpoint is not None else None
     if state is not None:
         ckpt.check_resume_matches(args, state, num_processes, data_shards)
-    if args.init_from:
-        read_init_config(args)  # the options against the checkpoint's config, before any weight is read
-    else:
-        _check_gate_options(args, _make_config(args, _config_values(args)).gate_type, "the model has no gate")
+    check_model_options(args)  # before any weight is read
     total_steps = args.total_steps(num_processes)
     hf_args = _hf_arguments(args, total_steps, num_processes)
     if hf_args.world_size != num_processes:  # sets up the process group
