@@ -214,6 +214,7 @@ class PackedRows(torch.utils.data.IterableDataset):
         self.documents, self.tokenizer, self.seq_len = documents, tokenizer, seq_len
         self.num_shards, self.rank, self.world_size = num_shards, rank, world_size
         self.seed, self.shuffle_buffer = seed, shuffle_buffer
+        self._row_tables: dict = {}  # shard index -> its rows (row_table), once built or read back
 
     def packed_rows(self, index: int) -> Iterator[list[int]]:
         """The rows of data shard ``index`` in the order of its documents, once."""
@@ -227,6 +228,8 @@ class PackedRows(torch.utils.data.IterableDataset):
         documents, tokenizer, ``seq_len`` and shards reads it again instead of tokenizing."""
         import datasets
 
+        if index in self._row_tables:
+            return self._row_tables[index]
         key = json.dumps([self.documents._fingerprint, self.tokenizer.backend_tokenizer.to_str(), self.tokenizer.eos_token_id,
                           self.seq_len, self.num_shards, index])
         features = datasets.Features({"input_ids": datasets.Sequence(datasets.Value("int32"))})
@@ -236,6 +239,7 @@ class PackedRows(torch.utils.data.IterableDataset):
         )
         if len(table) == 0:
             raise TrainingError(self._too_little(index))
+        self._row_tables[index] = table
         return table
 
     def shard_rows(self, index: int) -> Iterator[list[int]]:
@@ -271,10 +275,17 @@ class PackedRows(torch.utils.data.IterableDataset):
 
     def check(self) -> None:
         """Raise the error a shard too small to give one row would raise in training, reading only the start of each
-        shard (all of them, so every process raises the same error before anything is written)."""
+        shard (all of them, so every process raises the same error before anything is written); then, from an Arrow
+        data set, pack this process's shards into their row tables (:meth:`row_table`), so that training starts
+        with every row in place."""
+        import datasets
+
         for index in range(self.num_shards):
             if next(self.packed_rows(index), None) is None:
                 raise TrainingError(self._too_little(index))
+        if isinstance(self.documents, datasets.Dataset):
+            for index in range(self.rank, self.num_shards, self.world_size):
+                self.row_table(index)
 
     def __iter__(self):
         streams = [self.shard_rows(index) for index in range(self.rank, self.num_shards, self.world_size)]
