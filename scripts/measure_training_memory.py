@@ -112,7 +112,7 @@ def train_command(corpus: str, tokenizer: Path, out: Path, steps: int, streaming
     return [sys.executable, "-m", "gated_qwen", "train", "--train-file", corpus, "--tokenizer", str(tokenizer),
             "--config", str(ROOT / "configs" / "small_4M.json"), "--seq-len", "256", "--batch-size", "8",
             "--max-steps", str(steps), "--warmup-steps", "2", "--eval-every", str(steps),
-            "--out", str(out), "--no-progress", "--threads", "2", "--streaming" if streaming else "--no-streaming"]
+            "--out", str(out), "--overwrite", "--no-progress", "--threads", "2", "--streaming" if streaming else "--no-streaming"]
 
 
 def memory_cgroup(limit_gib: float) -> Path:
