@@ -20,8 +20,8 @@ def add_parser(subparsers) -> None:
         "whose model_type is qwen3_moe or qwen3_moe_gated gives a Qwen3MoeGated one), or continue a dense or "
         "Qwen3-MoE checkpoint with --init-from, converting a model without a gate with --gate. AdamW with warmup and cosine "
         "decay on transformers' Trainer, held-out loss every --eval-every steps, log.csv, loss.png, resumable checkpoints, "
-        "the model in OUT/final. Data through Hugging Face datasets, streamed, sharded across processes and packed on "
-        "the fly. Runs on CPU, one GPU, or several processes under `torchrun` or `accelerate launch` (DDP; FSDP and "
+        "the model in OUT/final. Data through Hugging Face datasets (Arrow cache, or --streaming), sharded across "
+        "processes and packed into rows. Runs on CPU, one GPU, or several processes under `torchrun` or `accelerate launch` (DDP; FSDP and "
         "DeepSpeed on GPUs).",
     )
     data = parser.add_argument_group("data")
