@@ -21,8 +21,8 @@ and a split, a local folder), either through datasets' Arrow cache (memory-mappe
 So the global stream of rows is ``shard 0 row 0, shard 1 row 0, ..., shard D-1 row 0, shard 0 row 1, ...``
 whatever the number of processes: with ``batch_size`` rows per process, the rows of a global step are the
 same for 1 process x 8 rows as for 2 processes x 4 (as long as ``W`` divides ``D``), which is what makes a
-run on N processes match a run on one. Nothing holds more than a buffer of documents; memory does not
-grow with the corpus. The data position of a checkpoint is the number of rows taken, and a resumed run
+run on N processes match a run on one. No process holds more than a batch of documents and the row
+tables' pages it reads (memory-mapped): memory does not grow with the corpus. The data position of a checkpoint is the number of rows taken, and a resumed run
 reads up to it again (Trainer's ``skip_first_batches``).
 """
 
