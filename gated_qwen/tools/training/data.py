@@ -173,11 +173,12 @@ def shard_documents(documents, num_shards: int, index: int):
     return documents.filter(lambda _, position: position % num_shards == index, with_indices=True)
 
 
-def _pack(texts: Iterator[list[str]], tokenizer, seq_len: int) -> Iterator[list[int]]:
-    """Rows of ``seq_len`` tokens from batches of texts, an eos token after each document."""
+def _pack(documents, tokenizer, seq_len: int) -> Iterator[list[int]]:
+    """Rows of ``seq_len`` tokens from a data set of documents (its ``text``, tokenized a batch at a time), an eos
+    token after each document, in the documents' order."""
     buffer: list[int] = []
-    for batch in texts:
-        for ids in tokenizer(batch, add_special_tokens=False).input_ids:
+    for batch in documents.iter(batch_size=TOKENIZE_BATCH):
+        for ids in tokenizer(batch["text"], add_special_tokens=False).input_ids:
             buffer.extend(ids)
             buffer.append(tokenizer.eos_token_id)
         while len(buffer) >= seq_len:
@@ -204,6 +205,8 @@ class PackedRows(torch.utils.data.IterableDataset):
 
     def __init__(self, documents, tokenizer, seq_len: int, num_shards: int, rank: int, world_size: int, seed: int,
                  shuffle_buffer: int = 1000):
+        import datasets
+
         super().__init__()
         if tokenizer.eos_token_id is None:
             raise TrainingError("the tokenizer has no eos token; documents need one to be packed into a stream")
@@ -214,13 +217,13 @@ class PackedRows(torch.utils.data.IterableDataset):
         self.documents, self.tokenizer, self.seq_len = documents, tokenizer, seq_len
         self.num_shards, self.rank, self.world_size = num_shards, rank, world_size
         self.seed, self.shuffle_buffer = seed, shuffle_buffer
+        # an Arrow data set's shards are packed once into row tables and permuted whole; a stream is buffer-shuffled
+        self.permuted = isinstance(documents, datasets.Dataset)
         self._row_tables: dict = {}  # shard index -> its rows (row_table), once built or read back
 
     def packed_rows(self, index: int) -> Iterator[list[int]]:
         """The rows of data shard ``index`` in the order of its documents, once."""
-        shard = shard_documents(self.documents, self.num_shards, index)
-        texts = (batch["text"] for batch in shard.iter(batch_size=TOKENIZE_BATCH))
-        return _pack(texts, self.tokenizer, self.seq_len)
+        return _pack(shard_documents(self.documents, self.num_shards, index), self.tokenizer, self.seq_len)
 
     def row_table(self, index: int):
         """The rows of data shard ``index`` as an Arrow data set (column ``input_ids``), built once by
@@ -244,10 +247,8 @@ class PackedRows(torch.utils.data.IterableDataset):
 
     def shard_rows(self, index: int) -> Iterator[list[int]]:
         """The rows of data shard ``index``, epoch after epoch, each epoch in a new order (module docstring)."""
-        import datasets
-
         epoch = 0
-        if isinstance(self.documents, datasets.Dataset):
+        if self.permuted:
             table = self.row_table(index)
             while True:
                 # the same permutation as torch.randperm(rows, generator seeded seed + epoch) of the whole corpus
@@ -261,8 +262,7 @@ class PackedRows(torch.utils.data.IterableDataset):
         while True:
             shard.set_epoch(epoch)
             yielded = 0
-            texts = (batch["text"] for batch in shard.iter(batch_size=TOKENIZE_BATCH))
-            for row in _pack(texts, self.tokenizer, self.seq_len):
+            for row in _pack(shard, self.tokenizer, self.seq_len):
                 yielded += 1
                 yield row
             if yielded == 0 and epoch == 0:
@@ -278,12 +278,10 @@ class PackedRows(torch.utils.data.IterableDataset):
         shard (all of them, so every process raises the same error before anything is written); then, from an Arrow
         data set, pack this process's shards into their row tables (:meth:`row_table`), so that training starts
         with every row in place."""
-        import datasets
-
         for index in range(self.num_shards):
             if next(self.packed_rows(index), None) is None:
                 raise TrainingError(self._too_little(index))
-        if isinstance(self.documents, datasets.Dataset):
+        if self.permuted:
             for index in range(self.rank, self.num_shards, self.world_size):
                 self.row_table(index)
 
@@ -303,9 +301,8 @@ def read_heldout_rows(args: TrainingArguments, tokenizer) -> torch.Tensor | None
     documents = load_documents(args, heldout=True, streaming=True)
     if documents is None:
         return None
-    texts = (batch["text"] for batch in documents.iter(batch_size=TOKENIZE_BATCH))
     rows = []
-    for row in _pack(texts, tokenizer, args.seq_len):
+    for row in _pack(documents, tokenizer, args.seq_len):
         rows.append(row)
         if len(rows) == args.eval_rows:
             break
