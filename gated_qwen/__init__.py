@@ -26,6 +26,7 @@ from importlib import import_module
 from .models.auto import on_transformers_import, register_with_peft
 from .utils.import_hooks import alias_module, when_imported
 
+
 __version__ = "0.1.0"
 
 # public name -> the module that defines it, imported on first access (PEP 562)
@@ -86,7 +87,9 @@ when_imported("peft.utils.constants", register_with_peft)
 
 def __getattr__(name: str):
     if name in _LAZY:
-        import_module(".models.qwen3_gated.modeling_qwen3_gated", __name__)  # registers every family with the Auto classes
+        import_module(
+            ".models.qwen3_gated.modeling_qwen3_gated", __name__
+        )  # registers every family with the Auto classes
         value = getattr(import_module(f".{_LAZY[name]}", __name__), name)
         globals()[name] = value
         return value

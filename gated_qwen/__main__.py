@@ -4,4 +4,5 @@ import sys
 
 from .cli import main
 
+
 sys.exit(main())

@@ -18,6 +18,7 @@ import tempfile
 from importlib import metadata
 from pathlib import Path
 
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("torch", "transformers", "safetensors", "accelerate", "huggingface_hub")
 
@@ -97,7 +98,9 @@ def describe(report: dict) -> str:
 
 def _write_atomically(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=path.parent, prefix=f".{path.name}.", delete=False) as f:
+    with tempfile.NamedTemporaryFile(
+        "w", encoding="utf-8", dir=path.parent, prefix=f".{path.name}.", delete=False
+    ) as f:
         f.write(text)
     os.replace(f.name, path)
 

@@ -21,8 +21,10 @@ import time
 import traceback
 from pathlib import Path
 
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import ROOT, describe, new_report, write_results  # noqa: E402
+
 
 BACKENDS = ("eager", "sdpa", "flex_attention", "flash_attention_2")
 
@@ -32,14 +34,29 @@ def build(kind: str, gate: str, small: bool, device: str):
 
     from gated_qwen import Qwen3GatedConfig, Qwen3GatedForCausalLM, Qwen3MoeGatedConfig, Qwen3MoeGatedForCausalLM
 
-    sizes = dict(vocab_size=4096, hidden_size=256 if small else 2048, num_hidden_layers=2 if small else 4,
-                 num_attention_heads=8 if small else 16, num_key_value_heads=2 if small else 4,
-                 head_dim=32 if small else 128, max_position_embeddings=4096)
-    gate_keys = {"headwise_attn_output_gate": gate == "headwise", "elementwise_attn_output_gate": gate == "elementwise"}
+    sizes = {
+        "vocab_size": 4096,
+        "hidden_size": 256 if small else 2048,
+        "num_hidden_layers": 2 if small else 4,
+        "num_attention_heads": 8 if small else 16,
+        "num_key_value_heads": 2 if small else 4,
+        "head_dim": 32 if small else 128,
+        "max_position_embeddings": 4096,
+    }
+    gate_keys = {
+        "headwise_attn_output_gate": gate == "headwise",
+        "elementwise_attn_output_gate": gate == "elementwise",
+    }
     torch.manual_seed(0)
     if kind == "moe":
-        config = Qwen3MoeGatedConfig(**sizes, **gate_keys, intermediate_size=4 * sizes["hidden_size"],
-                                     moe_intermediate_size=sizes["hidden_size"] // 2, num_experts=8, num_experts_per_tok=2)
+        config = Qwen3MoeGatedConfig(
+            **sizes,
+            **gate_keys,
+            intermediate_size=4 * sizes["hidden_size"],
+            moe_intermediate_size=sizes["hidden_size"] // 2,
+            num_experts=8,
+            num_experts_per_tok=2,
+        )
         model = Qwen3MoeGatedForCausalLM(config)
     else:
         config = Qwen3GatedConfig(**sizes, **gate_keys, intermediate_size=3 * sizes["hidden_size"])
@@ -71,8 +88,10 @@ def check_backends(model, device: str) -> dict:
                 candidate.set_attn_implementation(backend)
                 with torch.no_grad():
                     logits = candidate(input_ids=input_ids, attention_mask=attention_mask).logits.float()[keep]
-                found[name] = {"max_abs_diff": (logits - reference).abs().max().item(),
-                               "argmax_agreement": (logits.argmax(-1) == reference.argmax(-1)).float().mean().item()}
+                found[name] = {
+                    "max_abs_diff": (logits - reference).abs().max().item(),
+                    "argmax_agreement": (logits.argmax(-1) == reference.argmax(-1)).float().mean().item(),
+                }
             except Exception as error:  # recorded: not installed, not supported on this device
                 found[name] = {"unavailable": f"{type(error).__name__}: {str(error).splitlines()[0][:120]}"}
         del candidate
@@ -92,12 +111,19 @@ def check_static_cache(model, device: str) -> dict:
         kwargs = {"cache_implementation": "static"} if cache == "static" else {}
         start = time.perf_counter()
         with torch.no_grad():
-            out = model.generate(prompt, max_new_tokens=48, min_new_tokens=48, do_sample=False, pad_token_id=0, **kwargs)
+            out = model.generate(
+                prompt, max_new_tokens=48, min_new_tokens=48, do_sample=False, pad_token_id=0, **kwargs
+            )
         runs[cache] = {"tokens": out[0, 32:].tolist(), "seconds_first_call": round(time.perf_counter() - start, 2)}
     equal = runs["dynamic"]["tokens"] == runs["static"]["tokens"]
-    first_difference = next((i for i, (a, b) in enumerate(zip(runs["dynamic"]["tokens"], runs["static"]["tokens"])) if a != b), None)
-    return {"equal_tokens": equal, "first_difference": first_difference,
-            **{f"{cache}_seconds_first_call": run["seconds_first_call"] for cache, run in runs.items()}}
+    first_difference = next(
+        (i for i, (a, b) in enumerate(zip(runs["dynamic"]["tokens"], runs["static"]["tokens"])) if a != b), None
+    )
+    return {
+        "equal_tokens": equal,
+        "first_difference": first_difference,
+        **{f"{cache}_seconds_first_call": run["seconds_first_call"] for cache, run in runs.items()},
+    }
 
 
 def main(argv=None) -> int:
@@ -109,9 +135,13 @@ def main(argv=None) -> int:
 
     import torch
 
-    report = new_report("gpu", device=args.device,
-                        device_name=torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
-                        torch_cuda=torch.version.cuda, checks={})
+    report = new_report(
+        "gpu",
+        device=args.device,
+        device_name=torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
+        torch_cuda=torch.version.cuda,
+        checks={},
+    )
     try:
         import flash_attn  # noqa: F401
 
@@ -122,15 +152,23 @@ def main(argv=None) -> int:
         name = f"{kind} {gate}"
         try:
             model = build(kind, gate, args.small, args.device)
-            report["checks"][name] = {"backends": check_backends(model, args.device),
-                                      "static_cache": check_static_cache(model, args.device)}
+            report["checks"][name] = {
+                "backends": check_backends(model, args.device),
+                "static_cache": check_static_cache(model, args.device),
+            }
         except Exception:
             report["checks"][name] = {"error": traceback.format_exc()[-2000:]}
         print(name, report["checks"][name], flush=True)
 
-    lines = [describe(report), "", f"Device: {report['device_name']} (CUDA {report['torch_cuda']}); flash-attn: "
-             f"{report['flash_attn'] or 'not installed'}.", "",
-             "| model | backend, dtype | max abs logit diff vs fp32 eager | argmax agreement |", "|---|---|---|---|"]
+    lines = [
+        describe(report),
+        "",
+        f"Device: {report['device_name']} (CUDA {report['torch_cuda']}); flash-attn: "
+        f"{report['flash_attn'] or 'not installed'}.",
+        "",
+        "| model | backend, dtype | max abs logit diff vs fp32 eager | argmax agreement |",
+        "|---|---|---|---|",
+    ]
     for name, found in report["checks"].items():
         if "error" in found:
             lines.append(f"| {name} | error | {found['error'].splitlines()[-1]} | |")
@@ -142,12 +180,18 @@ def main(argv=None) -> int:
                 lines.append(f"| {name} | {backend} | unavailable: {value['unavailable']} | |")
             else:
                 lines.append(f"| {name} | {backend} | {value['max_abs_diff']:.3g} | {value['argmax_agreement']:.3f} |")
-    lines += ["", "| model | static cache (compiled) greedy tokens = dynamic cache | first call, dynamic / static (s) |", "|---|---|---|"]
+    lines += [
+        "",
+        "| model | static cache (compiled) greedy tokens = dynamic cache | first call, dynamic / static (s) |",
+        "|---|---|---|",
+    ]
     for name, found in report["checks"].items():
         if "static_cache" in found:
             cache = found["static_cache"]
-            lines.append(f"| {name} | {cache['equal_tokens']} (first difference: {cache['first_difference']}) | "
-                         f"{cache['dynamic_seconds_first_call']} / {cache['static_seconds_first_call']} |")
+            lines.append(
+                f"| {name} | {cache['equal_tokens']} (first difference: {cache['first_difference']}) | "
+                f"{cache['dynamic_seconds_first_call']} / {cache['static_seconds_first_call']} |"
+            )
     markdown = "\n".join(lines) + "\n"
     write_results(args.output_dir, report, markdown)
     print(markdown)

@@ -27,6 +27,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+
 REPO = Path(__file__).resolve().parents[1]
 
 CONVERT = r"""
@@ -85,11 +86,15 @@ print(json.dumps({"tokens": tokens}), flush=True)
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--llama-cpp", required=True, type=Path, help="a llama.cpp source tree (holds convert_hf_to_gguf.py)")
+    parser.add_argument(
+        "--llama-cpp", required=True, type=Path, help="a llama.cpp source tree (holds convert_hf_to_gguf.py)"
+    )
     parser.add_argument(
         "--model", default=str(REPO / "gated_qwen" / "default_models" / "headwise"), help="a gated checkpoint folder"
     )
-    parser.add_argument("--work", type=Path, default=None, help="folder for the export and the GGUF (default: a temporary one)")
+    parser.add_argument(
+        "--work", type=Path, default=None, help="folder for the export and the GGUF (default: a temporary one)"
+    )
     parser.add_argument("--prompt", default="def read_config(path):")
     parser.add_argument("--new-tokens", type=int, default=8)
     args = parser.parse_args()
@@ -130,11 +135,13 @@ def main() -> int:
     with torch.no_grad():  # plain argmax, as on the llama.cpp side (generate would apply the generation config)
         for _ in range(args.new_tokens):
             sequence.append(int(model(torch.tensor([sequence])).logits[0, -1].argmax()))
-    expected = sequence[len(prompt):]
+    expected = sequence[len(prompt) :]
     print(f"gated-qwen greedy tokens: {expected}")
 
     decode = subprocess.run(
-        [sys.executable, "-c", DECODE, str(gguf), json.dumps(prompt), str(args.new_tokens)], capture_output=True, text=True
+        [sys.executable, "-c", DECODE, str(gguf), json.dumps(prompt), str(args.new_tokens)],
+        capture_output=True,
+        text=True,
     )
     steps = {k: v for line in decode.stdout.splitlines() if line.startswith("{") for k, v in json.loads(line).items()}
     if "llama_cpp" in steps:
@@ -154,7 +161,9 @@ def main() -> int:
         return 0
     tokens = steps.get("tokens", [])
     print(f"llama.cpp greedy tokens:  {tokens}")
-    print("llama.cpp decode: tokens " + ("EQUAL to gated-qwen's" if tokens == expected else "DIFFER from gated-qwen's"))
+    print(
+        "llama.cpp decode: tokens " + ("EQUAL to gated-qwen's" if tokens == expected else "DIFFER from gated-qwen's")
+    )
     return 0
 
 

@@ -27,6 +27,7 @@ import sys
 import time
 from pathlib import Path
 
+
 PROMPTS = ["The gate scales each head", "def add(a, b):", "Hello world. Hello gated attention."]
 
 
@@ -42,7 +43,9 @@ def gated_qwen_greedy(folder: str, prompt_ids: list[list[int]], max_new_tokens: 
     continuations = []
     for ids in prompt_ids:
         inputs = torch.tensor([ids])
-        output = model.generate(inputs, max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0)
+        output = model.generate(
+            inputs, max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0
+        )
         continuations.append(output[0, len(ids) :].tolist())
     return continuations
 
@@ -52,15 +55,26 @@ def model_class_name(model) -> str:
     return type(model).__name__
 
 
-def vllm_greedy(folder: str, prompt_ids: list[list[int]], max_new_tokens: int, tensor_parallel_size: int, dtype: str,
-                kv_cache_mib: int) -> tuple[list[list[int]], str]:
+def vllm_greedy(
+    folder: str,
+    prompt_ids: list[list[int]],
+    max_new_tokens: int,
+    tensor_parallel_size: int,
+    dtype: str,
+    kv_cache_mib: int,
+) -> tuple[list[list[int]], str]:
     """vLLM's greedy continuations and the model class it built, one engine for this folder and size."""
     from vllm import LLM, SamplingParams
     from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
 
     llm = LLM(
-        folder, tensor_parallel_size=tensor_parallel_size, dtype=dtype, seed=0, enforce_eager=True,
-        max_model_len=max(len(ids) for ids in prompt_ids) + max_new_tokens, kv_cache_memory_bytes=kv_cache_mib << 20,
+        folder,
+        tensor_parallel_size=tensor_parallel_size,
+        dtype=dtype,
+        seed=0,
+        enforce_eager=True,
+        max_model_len=max(len(ids) for ids in prompt_ids) + max_new_tokens,
+        kv_cache_memory_bytes=kv_cache_mib << 20,
     )
     try:
         outputs = llm.generate(
@@ -78,8 +92,13 @@ def vllm_greedy(folder: str, prompt_ids: list[list[int]], max_new_tokens: int, t
         cleanup_dist_env_and_memory()
 
 
-def check(cases: list[tuple[str, str]], tensor_parallel_sizes: list[int], max_new_tokens: int = 16,
-          dtype: str = "float32", kv_cache_mib: int = 256) -> list[dict]:
+def check(
+    cases: list[tuple[str, str]],
+    tensor_parallel_sizes: list[int],
+    max_new_tokens: int = 16,
+    dtype: str = "float32",
+    kv_cache_mib: int = 256,
+) -> list[dict]:
     """One result per (model, reference) case and size: the tokens of both sides, what vLLM built, seconds.
 
     >>> check([("path/to/arm", "path/to/arm")], [1, 2])  # doctest: +SKIP
@@ -103,7 +122,9 @@ def check(cases: list[tuple[str, str]], tensor_parallel_sizes: list[int], max_ne
             result = {"model": model, "reference": reference, "tensor_parallel_size": size, "expected": expected}
             start = time.perf_counter()
             try:
-                result["tokens"], result["built"] = vllm_greedy(model, prompt_ids, max_new_tokens, size, dtype, kv_cache_mib)
+                result["tokens"], result["built"] = vllm_greedy(
+                    model, prompt_ids, max_new_tokens, size, dtype, kv_cache_mib
+                )
             except Exception as error:  # recorded, and the remaining cases still run
                 result["error"] = f"{type(error).__name__}: {error}"
             result["seconds"] = round(time.perf_counter() - start, 1)
@@ -116,10 +137,21 @@ def check(cases: list[tuple[str, str]], tensor_parallel_sizes: list[int], max_ne
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("models", nargs="*", help="checkpoint folders gated-qwen loads (each is its own reference)")
-    parser.add_argument("--export", nargs=2, action="append", default=[], metavar=("EXPORTED", "SOURCE"),
-                        help="a folder vLLM serves without gated-qwen, checked against the checkpoint it came from")
-    parser.add_argument("--refused", action="append", default=[], metavar="FOLDER",
-                        help="a folder vLLM must refuse (its error is recorded; nothing is compared)")
+    parser.add_argument(
+        "--export",
+        nargs=2,
+        action="append",
+        default=[],
+        metavar=("EXPORTED", "SOURCE"),
+        help="a folder vLLM serves without gated-qwen, checked against the checkpoint it came from",
+    )
+    parser.add_argument(
+        "--refused",
+        action="append",
+        default=[],
+        metavar="FOLDER",
+        help="a folder vLLM must refuse (its error is recorded; nothing is compared)",
+    )
     parser.add_argument("--tensor-parallel-size", type=int, nargs="+", default=[1])
     parser.add_argument("--max-new-tokens", type=int, default=16)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
@@ -143,9 +175,19 @@ def main(argv=None) -> int:
             if result["reference"] is None:
                 verdict = f"refused: {result['error']}" if result["equal"] else "NOT REFUSED"
             else:
-                verdict = "equal" if result["equal"] else result.get("error") or f"DIFFERENT: vLLM {result['tokens']} vs gated-qwen {result['expected']}"
-            print(f"{result['model']}  tp={result['tensor_parallel_size']}  {result.get('built', '-')}  {result['seconds']} s  {verdict}")
-    print(f"{sum(r['equal'] for r in results)}/{len(results)} cases equal in {time.perf_counter() - start:.0f} s", file=sys.stderr)
+                verdict = (
+                    "equal"
+                    if result["equal"]
+                    else result.get("error")
+                    or f"DIFFERENT: vLLM {result['tokens']} vs gated-qwen {result['expected']}"
+                )
+            print(
+                f"{result['model']}  tp={result['tensor_parallel_size']}  {result.get('built', '-')}  {result['seconds']} s  {verdict}"
+            )
+    print(
+        f"{sum(r['equal'] for r in results)}/{len(results)} cases equal in {time.perf_counter() - start:.0f} s",
+        file=sys.stderr,
+    )
     return 0 if all(result["equal"] for result in results) else 1
 
 

@@ -50,6 +50,7 @@ import torch
 
 from gated_qwen.checkpoint.outputs import write_text
 
+
 ROOT = Path(__file__).resolve().parents[1]
 BASELINE = "gated_qwen/default_models/baseline"
 DATA = "data/stdlib_docstrings"
@@ -69,20 +70,48 @@ SEEDS = {"baseline-seed2": 2, "identity-seed2": 2, "random-seed2": 2}  # arms wi
 def paired_baseline(arm: str) -> str:
     """The baseline arm that trained on the same rows in the same order as ``arm`` (the same seed)."""
     return "baseline-seed2" if arm in SEEDS else "baseline"
+
+
 DEFAULT_ARMS = ("baseline", "identity", "identity-gate-only", "random")
 SPIKE_STEPS = 50  # the spike measures look at the first SPIKE_STEPS optimizer steps
 
 
 def train_command(arm: str, args) -> list[str]:
     return [
-        "gated-qwen", "train",
-        "--init-from", args.init_from,
+        "gated-qwen",
+        "train",
+        "--init-from",
+        args.init_from,
         *ARMS[arm],
-        "--train-file", f"{args.data}/train.jsonl", "--heldout-file", f"{args.data}/heldout.jsonl",
-        "--seq-len", "256", "--batch-size", "16", "--max-tokens", str(args.max_tokens),
-        "--lr", str(args.lr), "--warmup-steps", str(args.warmup_steps), "--min-lr-rate", "0.1",
-        "--weight-decay", "0.1", "--eval-every", "25", "--eval-rows", "64", "--seed", str(SEEDS.get(arm, args.seed)),
-        "--threads", str(args.threads), "--no-progress", "--out", str(Path(args.out) / arm),
+        "--train-file",
+        f"{args.data}/train.jsonl",
+        "--heldout-file",
+        f"{args.data}/heldout.jsonl",
+        "--seq-len",
+        "256",
+        "--batch-size",
+        "16",
+        "--max-tokens",
+        str(args.max_tokens),
+        "--lr",
+        str(args.lr),
+        "--warmup-steps",
+        str(args.warmup_steps),
+        "--min-lr-rate",
+        "0.1",
+        "--weight-decay",
+        "0.1",
+        "--eval-every",
+        "25",
+        "--eval-rows",
+        "64",
+        "--seed",
+        str(SEEDS.get(arm, args.seed)),
+        "--threads",
+        str(args.threads),
+        "--no-progress",
+        "--out",
+        str(Path(args.out) / arm),
     ]
 
 
@@ -101,8 +130,13 @@ def run_arm(arm: str, args) -> dict:
     print(f"[{arm}] {shlex.join(command)}", flush=True)
     start = time.perf_counter()
     with (Path(args.out) / f"{arm}.stderr.log").open("w") as stderr:
-        subprocess.run([sys.executable, "-m", "gated_qwen", *command[1:]], check=True, stdout=subprocess.DEVNULL,
-                       stderr=stderr, cwd=ROOT)
+        subprocess.run(
+            [sys.executable, "-m", "gated_qwen", *command[1:]],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            cwd=ROOT,
+        )
     wall = time.perf_counter() - start
     write_text(wall_file, f"{wall:.1f}\n")
     print(f"[{arm}] done in {wall / 60:.1f} min", flush=True)
@@ -122,13 +156,18 @@ def spike_measures(log: list[dict], reference: list[dict] | None, steps: int = S
     losses = {int(r["step"]): float(r["train_loss"]) for r in log if r["train_loss"]}
     window = [losses[t] for t in sorted(losses) if t <= steps]
     rise = max((window[t] - min(window[:t]) for t in range(1, len(window))), default=None)
-    out = {"steps": min(steps, len(window)), "first_step": window[0] if window else None, "rise_over_running_min": rise}
+    out = {
+        "steps": min(steps, len(window)),
+        "first_step": window[0] if window else None,
+        "rise_over_running_min": rise,
+    }
     if reference is not None:
         ref = {int(r["step"]): float(r["train_loss"]) for r in reference if r["train_loss"]}
         paired = [losses[t] - ref[t] for t in sorted(losses) if t <= steps and t in ref]
         out["excess_over_reference"] = max(paired) if paired else None
-        out["excess_step"] = (sorted(t for t in losses if t <= steps and t in ref)[paired.index(max(paired))]
-                              if paired else None)
+        out["excess_step"] = (
+            sorted(t for t in losses if t <= steps and t in ref)[paired.index(max(paired))] if paired else None
+        )
         out["mean_difference_over_reference"] = sum(paired) / len(paired) if paired else None
         everywhere = {t: losses[t] - ref[t] for t in losses if t in ref}
         out["mean_difference_by_steps"] = {
@@ -208,7 +247,13 @@ def main() -> None:
 
     from gated_qwen import Qwen3GatedForCausalLM
     from gated_qwen.tools.generation import load_tokenizer
-    from gated_qwen.tools.training import TrainingArguments, heldout_rows, load_initial_model, pack_documents, read_documents
+    from gated_qwen.tools.training import (
+        TrainingArguments,
+        heldout_rows,
+        load_initial_model,
+        pack_documents,
+        read_documents,
+    )
 
     tokenizer = load_tokenizer(args.init_from)
     rows = heldout_rows(pack_documents(read_documents(f"{args.data}/heldout.jsonl"), tokenizer), 256)
@@ -234,21 +279,41 @@ def main() -> None:
             "spike": spike_measures(log, reference_log(arm, Path(args.out))),
             "heldout_curve": [(int(r["step"]), float(r["heldout_loss"])) for r in log if r["heldout_loss"]],
         }
-        print(f"[{arm}] held-out {results[arm]['before']['heldout']['loss']:.4f} -> "
-              f"{results[arm]['after']['heldout']['loss']:.4f}", flush=True)
+        print(
+            f"[{arm}] held-out {results[arm]['before']['heldout']['loss']:.4f} -> "
+            f"{results[arm]['after']['heldout']['loss']:.4f}",
+            flush=True,
+        )
 
     report = {
         "question": "qiuzh20/gated_attention issue 10: gates added to a pretrained model, then continued training",
         "pretrained": args.init_from,
         "corpus": f"{args.data} (scripts/prepare_corpus.py); trained on train.jsonl, measured on every "
-                  f"256-token row of heldout.jsonl ({len(rows)} rows)",
-        "settings": {"max_tokens": args.max_tokens, "lr": args.lr, "warmup_steps": args.warmup_steps,
-                     "min_lr_rate": 0.1, "weight_decay": 0.1, "seq_len": 256, "batch_size": 16, "seed": args.seed,
-                     "threads": args.threads, "spike_steps": SPIKE_STEPS},
-        "machine": {"cpus": os.cpu_count(), "load_average_at_start": load_before, "python": platform.python_version(),
-                    "torch": torch.__version__, "started_utc": started,
-                    "finished_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")},
-        "git_commit": subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip() or None,
+        f"256-token row of heldout.jsonl ({len(rows)} rows)",
+        "settings": {
+            "max_tokens": args.max_tokens,
+            "lr": args.lr,
+            "warmup_steps": args.warmup_steps,
+            "min_lr_rate": 0.1,
+            "weight_decay": 0.1,
+            "seq_len": 256,
+            "batch_size": 16,
+            "seed": args.seed,
+            "threads": args.threads,
+            "spike_steps": SPIKE_STEPS,
+        },
+        "machine": {
+            "cpus": os.cpu_count(),
+            "load_average_at_start": load_before,
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "started_utc": started,
+            "finished_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        },
+        "git_commit": subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT
+        ).stdout.strip()
+        or None,
         "arms": results,
     }
     out_dir = Path(args.results_dir)
@@ -264,7 +329,9 @@ def markdown_table(report: dict) -> str:
     def excess(spike):
         if spike.get("excess_over_reference") is None:
             return "-"
-        return " / ".join([f(spike["excess_over_reference"]), *(f"{v:+.3f}" for v in spike["mean_difference_by_steps"].values())])
+        return " / ".join(
+            [f(spike["excess_over_reference"]), *(f"{v:+.3f}" for v in spike["mean_difference_by_steps"].values())]
+        )
 
     lines = [
         f"Continued training of `{report['pretrained']}` for {report['settings']['max_tokens']:,} tokens "

@@ -27,10 +27,11 @@ from pathlib import Path
 import torch
 
 from gated_qwen import Qwen3GatedForCausalLM
-from gated_qwen.tools.analysis import record_attention, record_gates, summarize_gates
-from gated_qwen.default_models import DEFAULT_MODELS_DIR
 from gated_qwen.checkpoint.outputs import OutputFolder
+from gated_qwen.default_models import DEFAULT_MODELS_DIR
+from gated_qwen.tools.analysis import record_attention, record_gates, summarize_gates
 from gated_qwen.tools.training import evaluate, heldout_rows, pack_documents, read_documents, unigram_perplexity
+
 
 ARMS = ("headwise", "baseline")
 SLICE_ROWS = 4
@@ -103,7 +104,10 @@ def _write_arm(run: Path, target: Path, partial: Path) -> dict:
         "unigram": unigram_perplexity(train_stream, rows, len(tokenizer)),
         "gates": gate_statistics(shipped, rows),
         "first_token_attention": {"mass": first_token_mass(shipped, rows[:ATTENTION_ROWS]), "rows": ATTENTION_ROWS},
-        "greedy_sample": {"prompt": SAMPLE_PROMPT, "completion": tokenizer.decode(sample[0, sample_ids.shape[1] :], skip_special_tokens=True)},
+        "greedy_sample": {
+            "prompt": SAMPLE_PROMPT,
+            "completion": tokenizer.decode(sample[0, sample_ids.shape[1] :], skip_special_tokens=True),
+        },
         "corpus": "scripts/prepare_corpus.py (CPython 3.11 standard library docstrings, PSF license)",
     }
     (partial / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
@@ -120,33 +124,33 @@ def model_card(r: dict) -> str:
         if g
         else ""
     )
-    return f"""# gated-qwen small {r['arm']} ({r['gate']} gate)
+    return f"""# gated-qwen small {r["arm"]} ({r["gate"]} gate)
 
-A {r['parameters'] / 1e6:.1f}M-parameter Qwen3Gated model trained from scratch with `gated-qwen train`, shipped
-inside the package as {"the default of `gated-qwen generate`" if r['gate'] != 'none' else "the matched no-gate arm of the default model"}.
+A {r["parameters"] / 1e6:.1f}M-parameter Qwen3Gated model trained from scratch with `gated-qwen train`, shipped
+inside the package as {"the default of `gated-qwen generate`" if r["gate"] != "none" else "the matched no-gate arm of the default model"}.
 It is a toy: it writes docstring-like Python text, nothing more.
 
 - **Data**: the docstrings (with their `def`/`class` lines) of the CPython 3.11 standard library, built by
-  `scripts/prepare_corpus.py` (PSF License; see `corpus/README.md`); {t['train_tokens_in_corpus']:,} training tokens,
+  `scripts/prepare_corpus.py` (PSF License; see `corpus/README.md`); {t["train_tokens_in_corpus"]:,} training tokens,
   one source file in 20 held out.
 - **Architecture**: `configs/small_4M.json` (4 layers, hidden 256, 4 query / 2 kv heads, head_dim 64, vocabulary 4096,
-  tied embeddings, QK-norm), gate `{r['gate']}`.
-- **Budget**: {t['tokens']:,} tokens ({t['steps']} steps of {t['batch_size']} x {t['seq_len']}), seed {t['seed']},
-  peak lr {t['learning_rate']}, {t['wall_time_s'] / 60:.1f} min on 2 shared CPU threads. Its matched arm has the same
+  tied embeddings, QK-norm), gate `{r["gate"]}`.
+- **Budget**: {t["tokens"]:,} tokens ({t["steps"]} steps of {t["batch_size"]} x {t["seq_len"]}), seed {t["seed"]},
+  peak lr {t["learning_rate"]}, {t["wall_time_s"] / 60:.1f} min on 2 shared CPU threads. Its matched arm has the same
   data, order, seed, budget and size and differs only in the gate.
 - **Weights**: stored in bfloat16; the numbers below are float32 compute on these weights.
 
 | held-out (measured by `scripts/export_default_models.py`) | value |
 |---|---|
-| loss / perplexity, all {h['rows']} rows ({h['tokens']:,} predicted tokens) | {h['loss']:.4f} / {h['ppl']:.2f} |
-| unigram model perplexity, same tokens | {u['ppl']:.2f} |
-| loss on the first {s['rows']} rows (re-measured by tests/test_training.py) | {s['loss']:.4f} |
-{gate_line}| attention mass on the first token (first {r['first_token_attention']['rows']} rows, queries after the first) | {r['first_token_attention']['mass']:.3f} |
+| loss / perplexity, all {h["rows"]} rows ({h["tokens"]:,} predicted tokens) | {h["loss"]:.4f} / {h["ppl"]:.2f} |
+| unigram model perplexity, same tokens | {u["ppl"]:.2f} |
+| loss on the first {s["rows"]} rows (re-measured by tests/test_training.py) | {s["loss"]:.4f} |
+{gate_line}| attention mass on the first token (first {r["first_token_attention"]["rows"]} rows, queries after the first) | {r["first_token_attention"]["mass"]:.3f} |
 
-Greedy continuation of `{r['greedy_sample']['prompt']}`:
+Greedy continuation of `{r["greedy_sample"]["prompt"]}`:
 
 ```
-{r['greedy_sample']['prompt']}{r['greedy_sample']['completion']}
+{r["greedy_sample"]["prompt"]}{r["greedy_sample"]["completion"]}
 ```
 
 All numbers are in `eval.json`. Reproduce: `bash scripts/train_default_models.sh`, then

@@ -35,7 +35,9 @@ def make_stock_qwen3(
 
     >>> make_stock_qwen3("/tmp/qwen3-stock")  # doctest: +SKIP
     """
-    output = OutputFolder(folder, overwrite=overwrite)  # checked before the model is built; written whole or not at all
+    output = OutputFolder(
+        folder, overwrite=overwrite
+    )  # checked before the model is built; written whole or not at all
     torch.manual_seed(seed)
     config = Qwen3Config(
         vocab_size=vocab_size,

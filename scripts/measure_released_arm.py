@@ -27,6 +27,7 @@ from pathlib import Path
 
 from _results import describe, new_report, write_results
 
+
 REPO = Path(__file__).resolve().parents[1]
 
 STEPS = {
@@ -65,18 +66,30 @@ def write_released_arm(folder: Path) -> int:
         state[name] = tensor
     folder.mkdir(parents=True)
     torch.save(state, folder / "pytorch_model.bin")
-    (folder / "config.json").write_text(json.dumps({**config_dict, "auto_map": {
-        "AutoConfig": "configuration_qwen3.Qwen3Config", "AutoModelForCausalLM": "modeling_qwen3.Qwen3ForCausalLM"}}, indent=2))
+    (folder / "config.json").write_text(
+        json.dumps(
+            {
+                **config_dict,
+                "auto_map": {
+                    "AutoConfig": "configuration_qwen3.Qwen3Config",
+                    "AutoModelForCausalLM": "modeling_qwen3.Qwen3ForCausalLM",
+                },
+            },
+            indent=2,
+        )
+    )
     return sum(t.numel() * t.element_size() for t in state.values())
 
 
 def main() -> int:
-    from gated_qwen.tools.benchmark_child import run_step
     from gated_qwen.checkpoint.outputs import scratch_folder
+    from gated_qwen.tools.benchmark_child import run_step
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3, help="runs of each child (default 3); the median is shown")
-    parser.add_argument("--scratch", help="where to write the 3.4 GB arm and its re-saved copy (default: a temporary folder)")
+    parser.add_argument(
+        "--scratch", help="where to write the 3.4 GB arm and its re-saved copy (default: a temporary folder)"
+    )
     parser.add_argument("--results-dir", default="results/released_arm", help="where results.json/.md go")
     args = parser.parse_args()
     report = new_report("released_arm", repeats=args.repeats)
@@ -95,8 +108,12 @@ def main() -> int:
                 results.setdefault(name, []).append(run_step(step, str(source), str(clean)))
     report["weight_bytes"] = weight_bytes
     report["steps"] = {
-        name: {"what": STEPS[name], "median_seconds": statistics.median(run["seconds"] for run in runs),
-               "peak_rss_bytes": max(run["peak_rss"] for run in runs), "runs": runs}
+        name: {
+            "what": STEPS[name],
+            "median_seconds": statistics.median(run["seconds"] for run in runs),
+            "peak_rss_bytes": max(run["peak_rss"] for run in runs),
+            "runs": runs,
+        }
         for name, runs in results.items()
     }
     table = markdown_table(report)
@@ -117,7 +134,9 @@ def markdown_table(report: dict) -> str:
     ]
     for name, step in report["steps"].items():
         peak = step["peak_rss_bytes"]
-        lines.append(f"| {name} | {step['what']} | {step['median_seconds']:.2f} | {peak / 1e6:,.0f} | {peak / weight_bytes:.3f} |")
+        lines.append(
+            f"| {name} | {step['what']} | {step['median_seconds']:.2f} | {peak / 1e6:,.0f} | {peak / weight_bytes:.3f} |"
+        )
     return "\n".join(lines) + "\n\n" + describe(report) + "\n"
 
 

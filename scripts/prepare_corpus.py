@@ -26,7 +26,17 @@ from pathlib import Path
 
 from gated_qwen.checkpoint.outputs import output_file, write_text
 
-SKIPPED_PARTS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__", "lib2to3", "turtledemo"}
+
+SKIPPED_PARTS = {
+    "test",
+    "tests",
+    "idle_test",
+    "site-packages",
+    "dist-packages",
+    "__pycache__",
+    "lib2to3",
+    "turtledemo",
+}
 HELDOUT_EVERY = 20
 
 
@@ -59,7 +69,9 @@ def is_heldout(relative_path: str) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--stdlib", type=Path, default=Path(sysconfig.get_paths()["stdlib"]), help="standard library folder")
+    parser.add_argument(
+        "--stdlib", type=Path, default=Path(sysconfig.get_paths()["stdlib"]), help="standard library folder"
+    )
     parser.add_argument("--out", type=Path, default=Path("data/stdlib_docstrings"), help="output folder")
     parser.add_argument("--force", action="store_true", help="overwrite existing output files")
     args = parser.parse_args(argv)

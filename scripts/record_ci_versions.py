@@ -20,8 +20,10 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import ROOT, describe, new_report, package_versions, write_results
+
 
 FOLDER = ROOT / "results" / "ci"
 # file of the tests -> the name the record gives their counts
@@ -116,8 +118,10 @@ def main(argv: list[str] | None = None) -> int:
     report = new_report("ci", runs=runs)
     write_results(args.out, report, markdown(report), name="versions")
     for run in runs:
-        print(f"{run['name']}: transformers {run['versions']['transformers']}: {run['pytest_summary']}; common tests "
-              f"{run['common_tests']['passed']} passed / {run['common_tests']['skipped']} skipped")
+        print(
+            f"{run['name']}: transformers {run['versions']['transformers']}: {run['pytest_summary']}; common tests "
+            f"{run['common_tests']['passed']} passed / {run['common_tests']['skipped']} skipped"
+        )
     return 0
 
 

@@ -22,6 +22,7 @@ import time
 
 from _results import describe, new_report, write_results
 
+
 DEFAULT_COMMANDS = (
     [sys.executable, "-c", "pass"],
     [sys.executable, "-m", "gated_qwen", "--version"],
@@ -65,10 +66,16 @@ def main(argv: list[str] | None = None) -> int:
     report = new_report("cli_startup", runs_per_command=args.runs, commands=[])
     for command in [args.command] if args.command else DEFAULT_COMMANDS:
         seconds = time_command(command, args.runs)
-        report["commands"].append({
-            "command": shown(command), "median_seconds": statistics.median(seconds), "min_seconds": min(seconds),
-            "max_seconds": max(seconds), "runs": len(seconds), "seconds": seconds,
-        })
+        report["commands"].append(
+            {
+                "command": shown(command),
+                "median_seconds": statistics.median(seconds),
+                "min_seconds": min(seconds),
+                "max_seconds": max(seconds),
+                "runs": len(seconds),
+                "seconds": seconds,
+            }
+        )
     table = markdown_table(report)
     print(table)
     if not args.print_only:

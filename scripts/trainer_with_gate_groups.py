@@ -53,9 +53,18 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     training_args = TrainingArguments(
-        output_dir=args.out, per_device_train_batch_size=args.batch_size, max_steps=args.max_steps,
-        learning_rate=args.lr, lr_scheduler_type="cosine", warmup_steps=min(100, args.max_steps // 10),
-        logging_steps=1, save_strategy="no", bf16=args.bf16, report_to="none", seed=0, use_cpu=args.use_cpu,
+        output_dir=args.out,
+        per_device_train_batch_size=args.batch_size,
+        max_steps=args.max_steps,
+        learning_rate=args.lr,
+        lr_scheduler_type="cosine",
+        warmup_steps=min(100, args.max_steps // 10),
+        logging_steps=1,
+        save_strategy="no",
+        bf16=args.bf16,
+        report_to="none",
+        seed=0,
+        use_cpu=args.use_cpu,
     )
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     model = Qwen3GatedForCausalLM.from_pretrained(args.model, dtype=torch.float32)  # any Qwen3 loads, without a gate
@@ -74,7 +83,10 @@ def main(argv: list[str] | None = None) -> None:
         rows = text.map(pack, batched=True, remove_columns=text.column_names)
 
     trainer = Trainer(
-        model=model, args=training_args, train_dataset=rows, processing_class=tokenizer,
+        model=model,
+        args=training_args,
+        train_dataset=rows,
+        processing_class=tokenizer,
         data_collator=DataCollatorForLanguageModeling(tokenizer, mlm=False),
         optimizers=(optimizer, None),  # Trainer builds its scheduler on this optimizer: every group keeps its rate
     )

@@ -15,6 +15,7 @@ import os
 import sys
 from pathlib import Path
 
+
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "cli.md"
 

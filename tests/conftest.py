@@ -25,6 +25,7 @@ from safetensors.torch import save_file
 import gated_qwen  # noqa: F401  (registers qwen3_gated with the Auto classes)
 from gated_qwen import Qwen3GatedConfig
 
+
 torch.set_num_threads(1)
 
 TRAP_CODE = 'raise RuntimeError("code shipped inside a checkpoint was imported")\n'
@@ -52,7 +53,10 @@ def tiny_config_dict(
     """
     config = {
         "architectures": ["Qwen3ForCausalLM"],
-        "auto_map": {"AutoConfig": "configuration_qwen3.Qwen3Config", "AutoModelForCausalLM": "modeling_qwen3.Qwen3ForCausalLM"},
+        "auto_map": {
+            "AutoConfig": "configuration_qwen3.Qwen3Config",
+            "AutoModelForCausalLM": "modeling_qwen3.Qwen3ForCausalLM",
+        },
         "model_type": "qwen2",
         "vocab_size": vocab_size,
         "hidden_size": hidden_size,
@@ -91,7 +95,12 @@ def tiny_config(**kwargs) -> Qwen3GatedConfig:
 
 
 def write_released_checkpoint(
-    folder: Path, seed: int = 0, gate_scale: float = 1.0, weights: str = "bin", dtype: torch.dtype = torch.float32, **config_kwargs
+    folder: Path,
+    seed: int = 0,
+    gate_scale: float = 1.0,
+    weights: str = "bin",
+    dtype: torch.dtype = torch.float32,
+    **config_kwargs,
 ) -> dict:
     """Write config.json, the weights and trap code files in the released layout.
 
@@ -148,7 +157,9 @@ def write_released_checkpoint(
         tensors[p + "mlp.down_proj.weight"] = rand(hidden, inter)
         tensors[p + "input_layernorm.weight"] = 1 + rand(hidden)
         tensors[p + "post_attention_layernorm.weight"] = 1 + rand(hidden)
-        layers.append({"query_rows": query_rows, "gate_rows": gate_rows, "query_bias": query_bias, "gate_bias": gate_bias})
+        layers.append(
+            {"query_rows": query_rows, "gate_rows": gate_rows, "query_bias": query_bias, "gate_bias": gate_bias}
+        )
     tensors = {k: v.to(dtype).contiguous() for k, v in tensors.items()}
     if weights == "bin":
         torch.save(tensors, folder / "pytorch_model.bin")
@@ -172,7 +183,9 @@ TOKENIZER_TEXT = [
 
 def write_training_corpus(path: Path, repeats: int = 12) -> Path:
     """A jsonl training corpus: each of TOKENIZER_TEXT ``repeats`` times, numbered ("3: The gate ...")."""
-    path.write_text("".join(json.dumps({"text": f"{i}: {text}"}) + "\n" for i in range(repeats) for text in TOKENIZER_TEXT))
+    path.write_text(
+        "".join(json.dumps({"text": f"{i}: {text}"}) + "\n" for i in range(repeats) for text in TOKENIZER_TEXT)
+    )
     return path
 
 
@@ -236,7 +249,9 @@ def write_released_arm(folder: Path, gate: str = "headwise", **kwargs) -> dict:
     kwargs = {"vocab_size": RELEASED_VOCAB_SIZE, "tie_word_embeddings": True, **kwargs}
     spec = write_released_checkpoint(folder, gate=gate, **kwargs)
     write_qwen_tokenizer(folder)
-    (Path(folder) / "generation_config.json").write_text(json.dumps({"_from_model_config": True, "transformers_version": "4.46.0"}))
+    (Path(folder) / "generation_config.json").write_text(
+        json.dumps({"_from_model_config": True, "transformers_version": "4.46.0"})
+    )
     return spec
 
 
@@ -326,7 +341,9 @@ def write_stock_moe_checkpoint(folder: Path, seed: int = 0, tokenizer: bool = Tr
             else:
                 parameter.copy_(0.2 * torch.randn(parameter.shape, generator=generator))
     experts_chosen = routed_experts(model, torch.randint(model.config.vocab_size, (1, 24), generator=generator))
-    assert all(len(chosen) > 1 for chosen in experts_chosen.values()), f"a router sends every token to one expert: {experts_chosen}"
+    assert all(len(chosen) > 1 for chosen in experts_chosen.values()), (
+        f"a router sends every token to one expert: {experts_chosen}"
+    )
     model.save_pretrained(folder)
     if tokenizer:
         write_tiny_tokenizer(folder)
@@ -339,7 +356,10 @@ def routed_experts(model, input_ids) -> dict[int, set[int]]:
         router_logits = model(input_ids, output_router_logits=True).router_logits
     sparse = [i for i, layer in enumerate(model.model.layers) if hasattr(layer.mlp, "gate")]
     top_k = model.config.num_experts_per_tok
-    return {layer: set(logits.topk(top_k, dim=-1).indices.flatten().tolist()) for layer, logits in zip(sparse, router_logits)}
+    return {
+        layer: set(logits.topk(top_k, dim=-1).indices.flatten().tolist())
+        for layer, logits in zip(sparse, router_logits)
+    }
 
 
 @pytest.fixture(scope="session")
@@ -351,7 +371,9 @@ def stock_moe(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def stock_moe_dense_layer(tmp_path_factory) -> Path:
     """A tiny stock Qwen3-MoE checkpoint with a dense layer among the sparse ones (``mlp_only_layers [1]`` of 3)."""
-    return write_stock_moe_checkpoint(tmp_path_factory.mktemp("stock_moe_dense"), seed=1, num_hidden_layers=3, mlp_only_layers=[1])
+    return write_stock_moe_checkpoint(
+        tmp_path_factory.mktemp("stock_moe_dense"), seed=1, num_hidden_layers=3, mlp_only_layers=[1]
+    )
 
 
 # Runs in a fresh interpreter that loads each export with transformers alone.

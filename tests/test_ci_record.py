@@ -6,6 +6,7 @@ import importlib.util
 import json
 from pathlib import Path
 
+
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "record_ci_versions.py"
 spec = importlib.util.spec_from_file_location("record_ci_versions", SCRIPT)
 record_ci_versions = importlib.util.module_from_spec(spec)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+
 PACKAGE = Path(__file__).resolve().parents[1] / "gated_qwen"
 
 # layer -> the layers it may import (besides itself and the foundation)
@@ -41,7 +42,9 @@ def imported_layers(path: Path) -> set[str]:
                 target = ".".join(base + ([node.module] if node.module else []))
             else:
                 target = node.module or ""
-            names = [target] + ([f"{target}.{alias.name}" for alias in node.names] if not node.module or node.level else [])
+            names = [target] + (
+                [f"{target}.{alias.name}" for alias in node.names] if not node.module or node.level else []
+            )
         for name in names:
             parts = name.split(".")
             if parts[0] == "gated_qwen" and len(parts) > 1 and parts[1] != "__version__":

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -24,7 +25,18 @@ def installed(tmp_path_factory) -> Path:
     """A folder holding only the unpacked wheel (a pure-Python wheel is its site-packages layout)."""
     wheels = tmp_path_factory.mktemp("wheel")
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels), str(REPO)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(wheels),
+            str(REPO),
+        ],
         check=True,
         capture_output=True,
     )
@@ -37,7 +49,9 @@ def installed(tmp_path_factory) -> Path:
 
 def run(installed: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(installed), "HF_HUB_OFFLINE": "1"}
-    return subprocess.run([sys.executable, "-m", "gated_qwen", *args], cwd=cwd, env=env, capture_output=True, text=True)
+    return subprocess.run(
+        [sys.executable, "-m", "gated_qwen", *args], cwd=cwd, env=env, capture_output=True, text=True
+    )
 
 
 def test_the_wheel_ships_what_the_package_reads(installed):
@@ -51,7 +65,11 @@ def test_the_wheel_ships_what_the_package_reads(installed):
 def test_commands_run_from_the_installed_wheel(installed, tmp_path):
     probe = subprocess.run(
         [sys.executable, "-c", "import gated_qwen; print(gated_qwen.__file__)"],
-        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(installed)}, capture_output=True, text=True, check=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(installed)},
+        capture_output=True,
+        text=True,
+        check=True,
     )
     assert Path(probe.stdout.strip()).is_relative_to(installed)  # not the checkout's package
 
@@ -72,7 +90,20 @@ def test_commands_run_from_the_installed_wheel(installed, tmp_path):
     assert exported.returncode == 0, exported.stderr
     assert '"model_type": "qwen3_5_text"' in (tmp_path / "qwen3_5" / "config.json").read_text()
 
-    bench = run(installed, tmp_path, "bench", "--size", "1b", "--skip", "models", "--skip", "loading",
-                "--skip", "conversion", "--output-dir", "bench")
+    bench = run(
+        installed,
+        tmp_path,
+        "bench",
+        "--size",
+        "1b",
+        "--skip",
+        "models",
+        "--skip",
+        "loading",
+        "--skip",
+        "conversion",
+        "--output-dir",
+        "bench",
+    )
     assert bench.returncode == 0, bench.stderr
     assert "Qwen3Gated elementwise | 1838.28M" in (tmp_path / "bench" / "benchmark.md").read_text()

@@ -18,6 +18,7 @@ import re
 
 import griffe
 
+
 ROLE = re.compile(r":(?:py:)?(?:func|meth|class|mod|attr|data|exc|obj|const|ref):`(~?)([^`]+)`")
 
 
@@ -38,7 +39,7 @@ def fence_doctests(text: str) -> str:
         indent = match.group(1)
         block = []
         while i < len(lines) and lines[i].strip() and lines[i].startswith(indent):
-            block.append(lines[i][len(indent):])
+            block.append(lines[i][len(indent) :])
             i += 1
         if out and out[-1].strip():
             out.append("")

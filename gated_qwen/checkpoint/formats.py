@@ -27,14 +27,21 @@ from safetensors import safe_open
 
 from ..errors import CheckpointError, GatedQwenError
 
+
 CONFIG_NAME = "config.json"
 SAFE_WEIGHTS_NAME = "model.safetensors"
 SAFE_WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
 PICKLE_WEIGHTS_NAME = "pytorch_model.bin"
 PICKLE_WEIGHTS_INDEX_NAME = "pytorch_model.bin.index.json"
 # (index, single file) of each weight format, in the order transformers prefers them
-WEIGHT_FILES = {"safetensors": (SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME), "pytorch": (PICKLE_WEIGHTS_INDEX_NAME, PICKLE_WEIGHTS_NAME)}
-WEIGHT_PATTERNS = {"safetensors": ("*.safetensors", SAFE_WEIGHTS_INDEX_NAME), "pytorch": ("pytorch_model*.bin", PICKLE_WEIGHTS_INDEX_NAME)}
+WEIGHT_FILES = {
+    "safetensors": (SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME),
+    "pytorch": (PICKLE_WEIGHTS_INDEX_NAME, PICKLE_WEIGHTS_NAME),
+}
+WEIGHT_PATTERNS = {
+    "safetensors": ("*.safetensors", SAFE_WEIGHTS_INDEX_NAME),
+    "pytorch": ("pytorch_model*.bin", PICKLE_WEIGHTS_INDEX_NAME),
+}
 
 # Files beside the weights that a written checkpoint takes over unchanged. Python files are never
 # copied: a checkpoint's code is never run, nor passed on.
@@ -158,9 +165,13 @@ def read_local_safetensors_offsets(path: str | os.PathLike) -> dict[str, tuple[i
     except FileNotFoundError:
         raise CheckpointError(f"{path} does not exist") from None
     except (struct.error, ValueError, TypeError, KeyError, IndexError) as error:
-        raise CheckpointError(f"{path} is not a readable safetensors file ({error}); it is corrupt or truncated") from None
+        raise CheckpointError(
+            f"{path} is not a readable safetensors file ({error}); it is corrupt or truncated"
+        ) from None
     if any(end > file_size or start > end for start, end in offsets.values()):
-        raise CheckpointError(f"{path} is shorter than its header says; it is corrupt or truncated: download or write it again")
+        raise CheckpointError(
+            f"{path} is shorter than its header says; it is corrupt or truncated: download or write it again"
+        )
     return offsets
 
 
@@ -223,7 +234,9 @@ def read_weight_file_header(path: str | os.PathLike) -> dict[str, TensorInfo]:
 
     >>> read_weight_file_header("1B_gate_headwise/pytorch_model.bin")  # doctest: +SKIP
     """
-    return read_local_safetensors_header(path) if str(path).endswith(".safetensors") else read_local_pickle_header(path)
+    return (
+        read_local_safetensors_header(path) if str(path).endswith(".safetensors") else read_local_pickle_header(path)
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -331,7 +344,9 @@ class CheckpointTensors:
                 with safe_open(os.fspath(file), framework="pt") as handle:
                     return handle.get_tensor(name)
             except Exception as error:
-                raise CheckpointError(f"could not read {name} from {file} ({error}); the file is corrupt or truncated") from None
+                raise CheckpointError(
+                    f"could not read {name} from {file} ({error}); the file is corrupt or truncated"
+                ) from None
         if self._mapped is None or self._mapped[0] != file or self._mapped_read > self.MAPPED_BYTES:
             self._mapped = None  # drop the old map before making the new one
             self._mapped = (file, load_pickle_weights(file))
@@ -358,10 +373,15 @@ def split_into_shards(plan: dict[str, TensorInfo], max_shard_size: int | str):
         max_shard_size = int(max_shard_size)  # a plain number of bytes, as the CLI passes it
     try:
         return split_state_dict_into_shards_factory(
-            plan, get_storage_size=attrgetter("nbytes"), filename_pattern="model{suffix}.safetensors", max_shard_size=max_shard_size
+            plan,
+            get_storage_size=attrgetter("nbytes"),
+            filename_pattern="model{suffix}.safetensors",
+            max_shard_size=max_shard_size,
         )
     except ValueError:
-        raise GatedQwenError(f"max shard size {max_shard_size!r} is not a size like 5GB, 500MB or a number of bytes") from None
+        raise GatedQwenError(
+            f"max shard size {max_shard_size!r} is not a size like 5GB, 500MB or a number of bytes"
+        ) from None
 
 
 def write_safetensors_checkpoint(
@@ -386,7 +406,14 @@ def write_safetensors_checkpoint(
     folder = Path(folder)
     split = split_into_shards(plan, max_shard_size)
     total_size = sum(info.nbytes for info in plan.values())
-    with tqdm(total=total_size, unit="B", unit_scale=True, unit_divisor=1024, desc=description, disable=None if progress else True) as bar:
+    with tqdm(
+        total=total_size,
+        unit="B",
+        unit_scale=True,
+        unit_divisor=1024,
+        desc=description,
+        disable=None if progress else True,
+    ) as bar:
         for filename, names in split.filename_to_tensors.items():
             specs = {name: plan[name] for name in names}
 
@@ -402,7 +429,9 @@ def write_safetensors_checkpoint(
     return list(split.filename_to_tensors)
 
 
-def write_safetensors(path: Path, specs: dict[str, TensorInfo], tensors: Iterable[torch.Tensor | StoredTensor]) -> None:
+def write_safetensors(
+    path: Path, specs: dict[str, TensorInfo], tensors: Iterable[torch.Tensor | StoredTensor]
+) -> None:
     """Write one safetensors file tensor by tensor; the header is known in advance from ``specs``.
 
     safetensors' own writers need every tensor in memory at once; the format is simple enough
@@ -425,8 +454,10 @@ def write_safetensors(path: Path, specs: dict[str, TensorInfo], tensors: Iterabl
         for (name, spec), tensor in zip(specs.items(), tensors, strict=True):
             if isinstance(tensor, StoredTensor):
                 if tensor.end - tensor.start != spec.nbytes:
-                    raise CheckpointError(f"{tensor.file}: {name} holds {tensor.end - tensor.start} bytes, not the {spec.nbytes} "
-                                          f"its shape {spec.shape} and dtype {spec.dtype} need; the file is corrupt")
+                    raise CheckpointError(
+                        f"{tensor.file}: {name} holds {tensor.end - tensor.start} bytes, not the {spec.nbytes} "
+                        f"its shape {spec.shape} and dtype {spec.dtype} need; the file is corrupt"
+                    )
                 if run is not None and (run.file, run.end) == (tensor.file, tensor.start):
                     run = StoredTensor(run.file, run.start, tensor.end)
                 else:
@@ -470,6 +501,8 @@ def _append_bytes(target, stored: StoredTensor) -> None:
         while remaining:
             chunk = source.read(min(remaining, COPY_CHUNK_SIZE))
             if not chunk:
-                raise CheckpointError(f"{stored.file} ended before the tensor bytes its header names; it is corrupt or truncated")
+                raise CheckpointError(
+                    f"{stored.file} ended before the tensor bytes its header names; it is corrupt or truncated"
+                )
             target.write(chunk)
             remaining -= len(chunk)

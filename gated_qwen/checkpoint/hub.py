@@ -23,6 +23,7 @@ from pathlib import Path
 
 from ..errors import GatedQwenError
 
+
 # owner/name or name, as the hub spells repository ids
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
 PROBE_TIMEOUT_S = 10.0
@@ -47,10 +48,17 @@ def looks_like_path(source: str) -> bool:
     >>> looks_like_path("./missing_dir"), looks_like_path("QwQZh/gated_attention"), looks_like_path("runs/a/final")
     (True, False, True)
     """
-    return source.startswith((".", "/", "~")) or source.count("/") > 1 or source.endswith("/") or not HUB_ID.fullmatch(source)
+    return (
+        source.startswith((".", "/", "~"))
+        or source.count("/") > 1
+        or source.endswith("/")
+        or not HUB_ID.fullmatch(source)
+    )
 
 
-def resolve_source(source: str, subfolder: str = "", revision: str | None = None, token: str | bool | None = None) -> Path | None:
+def resolve_source(
+    source: str, subfolder: str = "", revision: str | None = None, token: str | bool | None = None
+) -> Path | None:
     """The local folder ``source``/``subfolder``, or None for a hub repository that can be read.
 
     Raises :class:`GatedQwenError` with one line saying what is wrong: see the module docstring. For a
@@ -63,7 +71,9 @@ def resolve_source(source: str, subfolder: str = "", revision: str | None = None
     path = Path(source).expanduser()
     if path.exists():
         if not path.is_dir():
-            raise GatedQwenError(f"{source} is a file, not a folder; give the folder that holds the checkpoint (config.json, weights, tokenizer files)")
+            raise GatedQwenError(
+                f"{source} is a file, not a folder; give the folder that holds the checkpoint (config.json, weights, tokenizer files)"
+            )
         folder = path / subfolder
         if not folder.is_dir():
             arms = [p.name for p in path.iterdir() if (p / "config.json").is_file()]
@@ -87,7 +97,9 @@ def is_offline() -> bool:
     return bool(constants.HF_HUB_OFFLINE)
 
 
-def check_hub_repository(repo_id: str, subfolder: str = "", revision: str | None = None, token: str | bool | None = None) -> None:
+def check_hub_repository(
+    repo_id: str, subfolder: str = "", revision: str | None = None, token: str | bool | None = None
+) -> None:
     """Refuse a hub repository (and subfolder) that cannot be read, with one request and no retries.
 
     Offline, the repository's ``config.json`` must be in the local cache.
@@ -147,9 +159,13 @@ def hub_error(error: BaseException, repo_id: str, subfolder: str = "", revision:
     if isinstance(error, GatedQwenError):
         return error
     if isinstance(error, OfflineModeIsEnabled):
-        return GatedQwenError(f"{where} cannot be read: the hub is switched off (HF_HUB_OFFLINE=1) and the files are not in the local cache")
+        return GatedQwenError(
+            f"{where} cannot be read: the hub is switched off (HF_HUB_OFFLINE=1) and the files are not in the local cache"
+        )
     if isinstance(error, GatedRepoError):
-        return GatedQwenError(f"{repo_id} is a gated repository: accept its terms on its hub page, then log in (hf auth login)")
+        return GatedQwenError(
+            f"{repo_id} is a gated repository: accept its terms on its hub page, then log in (hf auth login)"
+        )
     if isinstance(error, RepositoryNotFoundError):
         return GatedQwenError(
             f"{repo_id} is neither a local folder nor a repository on the hub (or it is private: log in with hf auth login)"

@@ -22,8 +22,13 @@ from __future__ import annotations
 import functools
 
 from ..errors import CheckpointError
-from . import HUB_KWARGS, read_weight_file_header, resolve_weight_files  # the package: these may move between its modules
+from . import (
+    HUB_KWARGS,
+    read_weight_file_header,
+    resolve_weight_files,
+)  # the package: these may move between its modules
 from .validation import check_layer_count, check_loaded_weights, check_weights_match_config
+
 
 # The attribute that marks a from_pretrained installed here (installing twice changes nothing).
 _STRICT_MARK = "_gated_qwen_strict_loading"
@@ -71,8 +76,10 @@ def strict_from_pretrained(
             f"trust_remote_code is not needed for {family} and is refused: this class never runs code from a checkpoint"
         )
     config = kwargs.get("config")
-    checkable = strict and pretrained_model_name_or_path is not None and not (
-        kwargs.get("state_dict") is not None or kwargs.get("gguf_file") or kwargs.get("from_tf")
+    checkable = (
+        strict
+        and pretrained_model_name_or_path is not None
+        and not (kwargs.get("state_dict") is not None or kwargs.get("gguf_file") or kwargs.get("from_tf"))
     )
     if checkable:
         source, advice = str(pretrained_model_name_or_path), ", or pass strict=False to load it as transformers would"
@@ -88,10 +95,14 @@ def strict_from_pretrained(
             layers = overrides.get("num_hidden_layers", config_dict.get("num_hidden_layers"))
             if isinstance(layers, int) and not isinstance(layers, bool):
                 check_layer_count(layers, tensors, source, advice)
-            config = cls.config_class.from_pretrained(config or pretrained_model_name_or_path, **hub_kwargs, **overrides)
+            config = cls.config_class.from_pretrained(
+                config or pretrained_model_name_or_path, **hub_kwargs, **overrides
+            )
         # From the headers, before transformers builds anything the config claims. Under
         # ignore_mismatched_sizes, transformers re-initialises differing sizes: only the gate rows stay checked.
-        check_weights_match_config(config, tensors, source, sizes=not kwargs.get("ignore_mismatched_sizes"), advice=advice)
+        check_weights_match_config(
+            config, tensors, source, sizes=not kwargs.get("ignore_mismatched_sizes"), advice=advice
+        )
 
     model, loading_info = inherited(pretrained_model_name_or_path, *model_args, output_loading_info=True, **kwargs)
     if checkable:

@@ -66,6 +66,7 @@ from transformers.utils import logging
 
 from ..errors import GatedQwenError
 
+
 logger = logging.get_logger(__name__)
 
 OWNER_TAG = "gated-qwen"
@@ -177,7 +178,9 @@ def remove_stale(folder: str | os.PathLike) -> list[Path]:
         if leftover.status == "alive":
             continue  # a concurrent run's work in progress
         if leftover.status == "elsewhere":
-            logger.warning(f"{leftover.path} was left by process {leftover.pid} on another host; delete it if that run is over")
+            logger.warning(
+                f"{leftover.path} was left by process {leftover.pid} on another host; delete it if that run is over"
+            )
         elif leftover.state == "old":
             logger.warning(
                 f"{leftover.path} holds what {leftover.path.parent} held before a replace that was interrupted "
@@ -186,7 +189,9 @@ def remove_stale(folder: str | os.PathLike) -> list[Path]:
         else:
             _remove(leftover.path)
             removed.append(leftover.path)
-            logger.warning(f"removed {leftover.path}, left by gated-qwen process {leftover.pid}, which was stopped while writing")
+            logger.warning(
+                f"removed {leftover.path}, left by gated-qwen process {leftover.pid}, which was stopped while writing"
+            )
     return removed
 
 
@@ -216,7 +221,9 @@ def resolve_destination(path: str | os.PathLike) -> Path:
     try:
         return given.resolve(strict=False)
     except (RuntimeError, OSError) as error:  # a link loop: RuntimeError before Python 3.13, OSError after
-        raise OutputError(f"{given} cannot be resolved ({error}); it is a symbolic link that points to itself") from None
+        raise OutputError(
+            f"{given} cannot be resolved ({error}); it is a symbolic link that points to itself"
+        ) from None
 
 
 def _shown(given: Path, resolved: Path) -> str:
@@ -333,7 +340,9 @@ class OutputFolder:
         except OSError as error:
             self.path = None
             self._remove_parents()
-            raise OutputError(f"cannot write {self.shown}: {error.strerror or error} ({error.filename or dst})") from None
+            raise OutputError(
+                f"cannot write {self.shown}: {error.strerror or error} ({error.filename or dst})"
+            ) from None
         return self.path
 
     def _make_parents(self, parent: Path) -> None:
@@ -372,7 +381,9 @@ class OutputFolder:
                 except OSError as error:
                     if error.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
                         raise
-                    raise OutputError(f"{self.shown} was created by someone else while this run wrote it; nothing was replaced") from None
+                    raise OutputError(
+                        f"{self.shown} was created by someone else while this run wrote it; nothing was replaced"
+                    ) from None
             else:
                 self._move_in(staging, dst)
         except BaseException:
@@ -387,7 +398,9 @@ class OutputFolder:
         if not self.overwrite:
             present = set(_entries(dst))
             if present & set(new) or (present and not self.merge):
-                raise OutputError(f"{self.shown} was filled by someone else while this run wrote it; nothing was replaced")
+                raise OutputError(
+                    f"{self.shown} was filled by someone else while this run wrote it; nothing was replaced"
+                )
         old = [name for name in _entries(dst) if not self.merge or name in new]
         trash = dst / _leftover_name(dst.name, self._owner, "old")
         moves: list[tuple[Path, Path]] = []  # (from, to), in the order made

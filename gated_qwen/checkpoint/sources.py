@@ -62,7 +62,9 @@ def read_checkpoint_header(
     return _read_hub_header(str(path_or_repo_id), subfolder, revision, token)
 
 
-def hub_weight_files(repo_id: str, subfolder: str = "", revision: str | None = None, token=None) -> tuple[str | None, dict[str, int]]:
+def hub_weight_files(
+    repo_id: str, subfolder: str = "", revision: str | None = None, token=None
+) -> tuple[str | None, dict[str, int]]:
     """The weight format of a hub checkpoint and its weight files with their sizes, from the repository's listing.
 
     Safetensors where the repository has them, else ``pytorch_model.bin``; an index's shards are
@@ -81,7 +83,9 @@ def hub_weight_files(repo_id: str, subfolder: str = "", revision: str | None = N
     }
     for format_name, (index_name, single_name) in WEIGHT_FILES.items():
         if prefix + index_name in listed:
-            index = Path(hf_hub_download(repo_id, index_name, subfolder=subfolder or None, revision=revision, token=token))
+            index = Path(
+                hf_hub_download(repo_id, index_name, subfolder=subfolder or None, revision=revision, token=token)
+            )
             names = _files_of_index(index, lambda name: name if prefix + name in listed else None)
         elif prefix + single_name in listed:
             names = [single_name]
@@ -98,7 +102,9 @@ def _read_hub_header(repo_id: str, subfolder: str, revision: str | None, token) 
     where = f"{repo_id}" + (f" (subfolder {subfolder})" if subfolder else "")
     try:
         try:
-            config_path = hf_hub_download(repo_id, CONFIG_NAME, subfolder=subfolder or None, revision=revision, token=token)
+            config_path = hf_hub_download(
+                repo_id, CONFIG_NAME, subfolder=subfolder or None, revision=revision, token=token
+            )
         except EntryNotFoundError:
             raise CheckpointError(f"{where} has no {CONFIG_NAME}; it is not a model checkpoint") from None
         header = CheckpointHeader(where, read_json(config_path, "model config"))
@@ -183,9 +189,13 @@ def read_config_json(src: str | os.PathLike, subfolder: str = "", revision: str 
     from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, LocalEntryNotFoundError
 
     try:
-        return read_json(hf_hub_download(str(src), CONFIG_NAME, subfolder=subfolder or None, revision=revision), "model config")
+        return read_json(
+            hf_hub_download(str(src), CONFIG_NAME, subfolder=subfolder or None, revision=revision), "model config"
+        )
     except EntryNotFoundError:
-        raise CheckpointError(f"{source_location(str(src), subfolder)} has no config.json; it is not a model checkpoint") from None
+        raise CheckpointError(
+            f"{source_location(str(src), subfolder)} has no config.json; it is not a model checkpoint"
+        ) from None
     except (HfHubHTTPError, LocalEntryNotFoundError, OSError, ValueError) as error:
         raise _hub_failure(src, error, "read") from None
 
@@ -219,7 +229,9 @@ def checkpoint_folder(src: str | os.PathLike, subfolder: str = "", revision: str
         raise _hub_failure(src, error, "downloaded") from None
     folder = Path(snapshot) / subfolder
     if not (folder / CONFIG_NAME).is_file():
-        raise CheckpointError(f"{source_location(str(src), subfolder)} has no {CONFIG_NAME}; it is not a model checkpoint")
+        raise CheckpointError(
+            f"{source_location(str(src), subfolder)} has no {CONFIG_NAME}; it is not a model checkpoint"
+        )
     return folder
 
 

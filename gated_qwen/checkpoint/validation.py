@@ -96,7 +96,12 @@ def attention_shape(config, local: str) -> Expected | NoPlace | None:
     )
     kv_rows = Dim(kv_heads * head_dim, _says(config, "num_key_value_heads", "head_dim"))
     query_width = Dim(heads * head_dim, _says(config, "num_attention_heads", "head_dim"))
-    weights = {"q_proj": (q_rows, hidden), "k_proj": (kv_rows, hidden), "v_proj": (kv_rows, hidden), "o_proj": (hidden, query_width)}
+    weights = {
+        "q_proj": (q_rows, hidden),
+        "k_proj": (kv_rows, hidden),
+        "v_proj": (kv_rows, hidden),
+        "o_proj": (hidden, query_width),
+    }
     if module in weights and kind == "weight":
         return Expected(weights[module])
     if module in weights and kind == "bias":
@@ -118,7 +123,11 @@ def mlp_shape(config, local: str) -> Expected | NoPlace | None:
         return None
     hidden = Dim(config.hidden_size, _says(config, "hidden_size"))
     inner = Dim(config.intermediate_size, _says(config, "intermediate_size"))
-    shapes = {"mlp.gate_proj.weight": (inner, hidden), "mlp.up_proj.weight": (inner, hidden), "mlp.down_proj.weight": (hidden, inner)}
+    shapes = {
+        "mlp.gate_proj.weight": (inner, hidden),
+        "mlp.up_proj.weight": (inner, hidden),
+        "mlp.down_proj.weight": (hidden, inner),
+    }
     return Expected(shapes[local]) if local in shapes else NoPlace()  # experts, a router: not in a dense model
 
 
@@ -148,8 +157,15 @@ def dense_layer_tensors(config, layer: int = 0, held: set[str] = frozenset()) ->
     """The tensors each decoder layer of a dense Qwen3Gated model holds (names inside the layer), each with
     the config value that asks for it ("" where every config does). Never grows with the config's sizes."""
     names = dict.fromkeys(
-        ["input_layernorm.weight", "post_attention_layernorm.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
-         "mlp.down_proj.weight"] + [f"self_attn.{m}_proj.weight" for m in "qkvo"], ""
+        [
+            "input_layernorm.weight",
+            "post_attention_layernorm.weight",
+            "mlp.gate_proj.weight",
+            "mlp.up_proj.weight",
+            "mlp.down_proj.weight",
+        ]
+        + [f"self_attn.{m}_proj.weight" for m in "qkvo"],
+        "",
     )
     if config.attention_bias:
         names.update(dict.fromkeys([f"self_attn.{m}_proj.bias" for m in "qkvo"], f"qkv_bias {config.attention_bias}"))
@@ -163,7 +179,11 @@ FUSED_EXPERTS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
 
 
 def _is_sparse(config, layer: int) -> bool:  # transformers' Qwen3MoeDecoderLayer rule
-    return layer not in (config.mlp_only_layers or []) and config.num_experts > 0 and (layer + 1) % config.decoder_sparse_step == 0
+    return (
+        layer not in (config.mlp_only_layers or [])
+        and config.num_experts > 0
+        and (layer + 1) % config.decoder_sparse_step == 0
+    )
 
 
 def moe_shape(config, name: str) -> Expected | NoPlace | None:
@@ -183,10 +203,14 @@ def moe_shape(config, name: str) -> Expected | NoPlace | None:
             return NoPlace(_says(config, "num_experts"))
         return Expected((hidden, inner) if expert.group(2) == "down_proj" else (inner, hidden))
     if local == "mlp.experts.gate_up_proj":
-        return Expected((experts, Dim(2 * config.moe_intermediate_size, _says(config, "moe_intermediate_size")), hidden))
+        return Expected(
+            (experts, Dim(2 * config.moe_intermediate_size, _says(config, "moe_intermediate_size")), hidden)
+        )
     if local == "mlp.experts.down_proj":
         return Expected((experts, hidden, inner))
-    return NoPlace(f"layer {layer} sparse (num_experts {config.num_experts}, mlp_only_layers {config.mlp_only_layers})")
+    return NoPlace(
+        f"layer {layer} sparse (num_experts {config.num_experts}, mlp_only_layers {config.mlp_only_layers})"
+    )
 
 
 def moe_layer_tensors(config, layer: int = 0, held: set[str] = frozenset()) -> dict[str, str]:
@@ -271,7 +295,9 @@ def weight_disagreements(config, tensors: Mapping[str, TensorInfo], sizes: bool 
                 found = tuple(info.shape)
                 wrong = [dim.says for i, dim in enumerate(expected.dims) if i >= len(found) or found[i] != dim.size]
                 says = " and ".join(dict.fromkeys(wrong)) or f"{len(expected.dims)} dimensions"
-                problems.append((order, f"config.json says {says}, but {name} is {_shown(found)}, not {_shown(expected.shape)}"))
+                problems.append(
+                    (order, f"config.json says {says}, but {name} is {_shown(found)}, not {_shown(expected.shape)}")
+                )
     sentences = _layer_count_sentences(config.num_hidden_layers, layers)
     sentences += [sentence for _, sentence in sorted(problems)]
     # Within the layers it holds (never the config's count of them), each tensor the config asks for.
@@ -282,7 +308,10 @@ def weight_disagreements(config, tensors: Mapping[str, TensorInfo], sizes: bool 
                 lacking.setdefault(says, []).append(f"{layers[layer]}.{local}")
     for says, names in lacking.items():
         shown = ", ".join(sorted(names)[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
-        sentences.append((f"config.json says {says}, but " if says else "") + f"the checkpoint lacks weights the model needs: {shown}")
+        sentences.append(
+            (f"config.json says {says}, but " if says else "")
+            + f"the checkpoint lacks weights the model needs: {shown}"
+        )
     for says, names in no_place.items():
         names = sorted(names, key=lambda n: (split_layer_name(n)[0] or 0, n))
         shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
@@ -299,16 +328,22 @@ def _layer_count_sentences(num_hidden_layers: int, layers: dict[int, str]) -> li
         return []
     beyond = [index for index in layers if index >= num_hidden_layers]
     if beyond:
-        return [f"config.json says num_hidden_layers {num_hidden_layers}, but the checkpoint holds {len(layers)} "
-                f"layers, up to {layers[max(layers)]}"]
+        return [
+            f"config.json says num_hidden_layers {num_hidden_layers}, but the checkpoint holds {len(layers)} "
+            f"layers, up to {layers[max(layers)]}"
+        ]
     if len(layers) < num_hidden_layers:
         absent = next(index for index in range(len(layers) + 1) if index not in layers)
-        return [f"config.json says num_hidden_layers {num_hidden_layers}, but the checkpoint holds {len(layers)} "
-                f"layer{'s' * (len(layers) != 1)}" + (f" (none numbered {absent})" if absent < len(layers) else "")]
+        return [
+            f"config.json says num_hidden_layers {num_hidden_layers}, but the checkpoint holds {len(layers)} "
+            f"layer{'s' * (len(layers) != 1)}" + (f" (none numbered {absent})" if absent < len(layers) else "")
+        ]
     return []
 
 
-def check_layer_count(num_hidden_layers: int, tensors: Mapping[str, TensorInfo], source: str = "the checkpoint", advice: str = "") -> None:
+def check_layer_count(
+    num_hidden_layers: int, tensors: Mapping[str, TensorInfo], source: str = "the checkpoint", advice: str = ""
+) -> None:
     """:func:`check_weights_match_config`'s layer-count rule alone, from a config.json's number: run before
     the config object is built, whose construction grows with ``num_hidden_layers`` (transformers makes and
     validates a list of per-layer attention types).
@@ -354,7 +389,9 @@ def check_weights_match_config(
 
 def _refuse(source: str, sentences: list[str], advice: str, error: type[CheckpointError] = CheckpointError) -> None:
     if sentences:
-        more = f" (and {len(sentences) - 1} more disagreement{'s' * (len(sentences) > 2)})" if len(sentences) > 1 else ""
+        more = (
+            f" (and {len(sentences) - 1} more disagreement{'s' * (len(sentences) > 2)})" if len(sentences) > 1 else ""
+        )
         raise error(
             f"{source}: {sentences[0]}{more}. The config does not describe these weights: use the config.json that "
             f"came with them, or correct the key it names{advice}."
@@ -375,8 +412,13 @@ def check_q_proj_layout(config, tensors: Mapping[str, TensorInfo], source: str =
         if layer is None or layer >= config.num_hidden_layers or local != "self_attn.q_proj.weight":
             continue
         found = tuple(info.shape)
-        if len(found) != 2 or found != (q_proj_rows(config.gate_type, config.num_attention_heads, config.head_dim), config.hidden_size):
-            raise CheckpointError(f"{source}: {_q_proj_sentence(config, name, found)}. Use the config.json that came with these weights.")
+        if len(found) != 2 or found != (
+            q_proj_rows(config.gate_type, config.num_attention_heads, config.head_dim),
+            config.hidden_size,
+        ):
+            raise CheckpointError(
+                f"{source}: {_q_proj_sentence(config, name, found)}. Use the config.json that came with these weights."
+            )
 
 
 def required_head_keys(model) -> set[str]:
@@ -419,7 +461,9 @@ def check_loaded_weights(model, loading_info: dict, checkpoint_keys: set[str] | 
         problems.append(("has weights the model has no place for", unexpected_decoder))
     # A checkpoint of this same head (its decoder under the prefix, no other head) must carry the head too;
     # a bare-model checkpoint gets a fresh head, as in transformers.
-    head_checkpoint = bool(prefix) and checkpoint_keys is not None and any(k.startswith(prefix) for k in checkpoint_keys)
+    head_checkpoint = (
+        bool(prefix) and checkpoint_keys is not None and any(k.startswith(prefix) for k in checkpoint_keys)
+    )
     other_heads = [key for key in unexpected if not in_decoder(key)]
     missing_heads = sorted(missing & required_head_keys(model))
     if head_checkpoint and not other_heads and missing_heads:
@@ -434,7 +478,25 @@ def check_loaded_weights(model, loading_info: dict, checkpoint_keys: set[str] | 
 
 
 __all__ = [
-    "DENSE", "MOE", "SHAPE_RULES", "Dim", "Expected", "NoPlace", "ShapeRule", "attention_shape", "check_layer_count",
-    "check_loaded_weights", "check_q_proj_layout", "check_weights_match_config", "dense_layer_tensors", "dense_shape", "mlp_shape", "moe_layer_tensors", "moe_shape", "norm_shape", "required_head_keys", "split_layer_name",
+    "DENSE",
+    "MOE",
+    "SHAPE_RULES",
+    "Dim",
+    "Expected",
+    "NoPlace",
+    "ShapeRule",
+    "attention_shape",
+    "check_layer_count",
+    "check_loaded_weights",
+    "check_q_proj_layout",
+    "check_weights_match_config",
+    "dense_layer_tensors",
+    "dense_shape",
+    "mlp_shape",
+    "moe_layer_tensors",
+    "moe_shape",
+    "norm_shape",
+    "required_head_keys",
+    "split_layer_name",
     "weight_disagreements",
 ]

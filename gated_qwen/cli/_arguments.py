@@ -13,6 +13,7 @@ import argparse
 
 from ..utils.names import DEVICES, DTYPES
 
+
 def number(kind, low, high=None, low_open=False):
     """An argparse type: ``kind`` (int/float) within [low, high] (``low_open``: above low).
 
@@ -28,9 +29,13 @@ def number(kind, low, high=None, low_open=False):
         try:
             value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not {'an integer' if kind is int else 'a number'}"
+            ) from None
         if value < low or (low_open and value == low) or (high is not None and value > high):
-            bound = f"{'above' if low_open else 'at least'} {low}" + (f" and at most {high}" if high is not None else "")
+            bound = f"{'above' if low_open else 'at least'} {low}" + (
+                f" and at most {high}" if high is not None else ""
+            )
             raise argparse.ArgumentTypeError(f"{text} is out of range: it must be {bound}")
         return value
 
@@ -66,16 +71,23 @@ def add_model_source(parser, *, several: bool = False, what: str = "the checkpoi
     """
     if several:
         parser.add_argument(
-            "--subfolder", nargs="+", default=[""], metavar="S",
+            "--subfolder",
+            nargs="+",
+            default=[""],
+            metavar="S",
             help="folder inside the repo or path: one for all models, or one per model in order (MODEL, then --compare)",
         )
         parser.add_argument("--revision", default=None, help="hub branch, tag or commit (all models)")
     else:
-        parser.add_argument("--subfolder", default="", help=f"folder inside the repo or path of {what}, e.g. 1B_gate_headwise")
+        parser.add_argument(
+            "--subfolder", default="", help=f"folder inside the repo or path of {what}, e.g. 1B_gate_headwise"
+        )
         parser.add_argument("--revision", default=None, help=f"hub branch, tag or commit of {what}")
 
 
-def add_device_and_dtype(parser, *, dtype_default: str = "auto", dtype_help: str = "auto: the checkpoint's dtype") -> None:
+def add_device_and_dtype(
+    parser, *, dtype_default: str = "auto", dtype_help: str = "auto: the checkpoint's dtype"
+) -> None:
     """``--device`` (auto: cuda, then mps, then cpu) and ``--dtype``, both checked against their choices.
 
     >>> parser = argparse.ArgumentParser()
@@ -96,7 +108,9 @@ def subfolders_per_model(subfolders: list[str], models: list[str]) -> list[str]:
     from ..errors import GatedQwenError
 
     if len(subfolders) not in (1, len(models)):
-        raise GatedQwenError(f"--subfolder takes one folder for all models or one per model ({len(models)}), not {len(subfolders)}")
+        raise GatedQwenError(
+            f"--subfolder takes one folder for all models or one per model ({len(models)}), not {len(subfolders)}"
+        )
     return subfolders * len(models) if len(subfolders) == 1 else list(subfolders)
 
 
@@ -110,9 +124,13 @@ def add_checkpoint_arguments(parser, src_help: str, verify_help: str) -> None:
     '500MB'
     """
     parser.add_argument("src", metavar="SRC", help=src_help)
-    parser.add_argument("dst", metavar="DST", help="the folder to write (must not exist or be empty, unless --overwrite)")
+    parser.add_argument(
+        "dst", metavar="DST", help="the folder to write (must not exist or be empty, unless --overwrite)"
+    )
     parser.add_argument("--dtype", choices=DTYPES, default="auto", help="weight dtype (default: auto, as stored)")
-    parser.add_argument("--max-shard-size", default="5GB", help="largest safetensors shard, e.g. 5GB or 500MB (default: 5GB)")
+    parser.add_argument(
+        "--max-shard-size", default="5GB", help="largest safetensors shard, e.g. 5GB or 500MB (default: 5GB)"
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace DST if it exists and is not empty")
     add_model_source(parser, what="SRC")
     parser.add_argument("--verify", action="store_true", help=verify_help)

@@ -19,18 +19,51 @@ def add_parser(subparsers) -> None:
     )
     parser.add_argument("model", metavar="MODEL", help="a checkpoint folder or a hub id")
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--text", metavar="FILE", help="a UTF-8 text file: perplexity over all of it, the other measures on its first --max-tokens tokens")
+    source.add_argument(
+        "--text",
+        metavar="FILE",
+        help="a UTF-8 text file: perplexity over all of it, the other measures on its first --max-tokens tokens",
+    )
     source.add_argument("--prompt", metavar="TEXT", help="a text to analyze (its perplexity too)")
-    parser.add_argument("--compare", nargs="+", default=[], metavar="MODEL", help="more models to put in the same table and figures")
+    parser.add_argument(
+        "--compare", nargs="+", default=[], metavar="MODEL", help="more models to put in the same table and figures"
+    )
     add_model_source(parser, several=True)
-    parser.add_argument("--out", default="analysis", metavar="DIR", help="output folder: missing or empty unless --overwrite (default: ./analysis)")
+    parser.add_argument(
+        "--out",
+        default="analysis",
+        metavar="DIR",
+        help="output folder: missing or empty unless --overwrite (default: ./analysis)",
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace the contents of a non-empty --out")
-    parser.add_argument("--layers", type=int, nargs="+", metavar="L", help="layers whose attention maps to draw (default: first, middle, last)")
-    parser.add_argument("--max-tokens", type=number(int, 1), default=256, help="tokens of the text the gates, sinks and activations are measured on (default 256)")
-    parser.add_argument("--skip-queries", type=number(int, 0), default=0, help="leave the first N queries out of the first-token attention (default 0)")
-    parser.add_argument("--context", type=number(int, 2), default=512, help="perplexity window in tokens (default 512)")
-    parser.add_argument("--stride", type=number(int, 1), default=None, help="perplexity window step (default context/2)")
-    parser.add_argument("--batch-size", type=number(int, 1), default=4, help="perplexity windows per forward (default 4)")
+    parser.add_argument(
+        "--layers",
+        type=int,
+        nargs="+",
+        metavar="L",
+        help="layers whose attention maps to draw (default: first, middle, last)",
+    )
+    parser.add_argument(
+        "--max-tokens",
+        type=number(int, 1),
+        default=256,
+        help="tokens of the text the gates, sinks and activations are measured on (default 256)",
+    )
+    parser.add_argument(
+        "--skip-queries",
+        type=number(int, 0),
+        default=0,
+        help="leave the first N queries out of the first-token attention (default 0)",
+    )
+    parser.add_argument(
+        "--context", type=number(int, 2), default=512, help="perplexity window in tokens (default 512)"
+    )
+    parser.add_argument(
+        "--stride", type=number(int, 1), default=None, help="perplexity window step (default context/2)"
+    )
+    parser.add_argument(
+        "--batch-size", type=number(int, 1), default=4, help="perplexity windows per forward (default 4)"
+    )
     add_device_and_dtype(parser, dtype_default="float32", dtype_help="dtype to run in (default float32)")
     parser.add_argument("--no-plots", action="store_true", help="write the JSON only (no matplotlib needed)")
     parser.add_argument("--verbose", action="store_true", help="show transformers' log messages and progress bars")
@@ -41,8 +74,8 @@ def analyze_model(model, tokenizer, text: str, args) -> tuple[dict, dict]:
     """All measures of one loaded model on ``text``: (the JSON-ready numbers, the tensors the figures need)."""
     import torch
 
-    from ..tools import analysis
     from ..errors import GatedQwenError
+    from ..tools import analysis
 
     device = next(model.parameters()).device
     ids = tokenizer(text, return_tensors="pt").input_ids[0]
@@ -55,7 +88,9 @@ def analyze_model(model, tokenizer, text: str, args) -> tuple[dict, dict]:
     if wrong:
         raise GatedQwenError(f"--layers {wrong} do not exist; the model has layers 0..{layers - 1}")
     if args.skip_queries >= probe.shape[1]:
-        raise GatedQwenError(f"--skip-queries {args.skip_queries} leaves no query of the {probe.shape[1]} tokens analyzed")
+        raise GatedQwenError(
+            f"--skip-queries {args.skip_queries} leaves no query of the {probe.shape[1]} tokens analyzed"
+        )
 
     gated = bool(analysis.gated_attention_layers(model))
     with torch.no_grad(), analysis.record_attention(model, args.skip_queries, map_layers=map_layers) as attention:
@@ -82,8 +117,12 @@ def analyze_model(model, tokenizer, text: str, args) -> tuple[dict, dict]:
         "router_load": analysis.router_load(model, probe),
         "massive_activations": analysis.massive_activations(model, probe),
         "perplexity": {
-            "perplexity": ppl.perplexity, "mean_nll": ppl.mean_nll, "tokens": ppl.tokens, "windows": ppl.windows,
-            "context": args.context, "stride": args.stride or max(1, args.context // 2),
+            "perplexity": ppl.perplexity,
+            "mean_nll": ppl.mean_nll,
+            "tokens": ppl.tokens,
+            "windows": ppl.windows,
+            "context": args.context,
+            "stride": args.stride or max(1, args.context // 2),
         },
     }
     tokens = [tokenizer.decode([t]) for t in probe[0].tolist()]
@@ -95,15 +134,19 @@ def _write_figures(folder: Path, numbers: dict, tensors: dict) -> list[str]:
 
     written = []
     analysis.plot_attention_maps(
-        {label: t["maps"] for label, t in tensors.items()}, {label: t["tokens"] for label, t in tensors.items()},
+        {label: t["maps"] for label, t in tensors.items()},
+        {label: t["tokens"] for label, t in tensors.items()},
         folder / "attention_maps.png",
     )
     written.append("attention_maps.png")
     analysis.plot_first_token_attention(
-        {label: n["first_token_attention"]["per_layer"] for label, n in numbers.items()}, folder / "first_token_attention.png"
+        {label: n["first_token_attention"]["per_layer"] for label, n in numbers.items()},
+        folder / "first_token_attention.png",
     )
     written.append("first_token_attention.png")
-    histograms = {label: [layer["histogram"] for layer in n["gates"]["layers"]] for label, n in numbers.items() if n["gates"]}
+    histograms = {
+        label: [layer["histogram"] for layer in n["gates"]["layers"]] for label, n in numbers.items() if n["gates"]
+    }
     if histograms:
         analysis.plot_gate_histograms(histograms, folder / "gate_histograms.png")
         written.append("gate_histograms.png")
@@ -111,29 +154,44 @@ def _write_figures(folder: Path, numbers: dict, tensors: dict) -> list[str]:
 
 
 def _print_table(numbers: dict) -> None:
-    header = ("model", "gate", "first-token attn", "gate mean", "gate<0.1", "max |h| / median", "router max/even", "ppl")
+    header = (
+        "model",
+        "gate",
+        "first-token attn",
+        "gate mean",
+        "gate<0.1",
+        "max |h| / median",
+        "router max/even",
+        "ppl",
+    )
     rows = []
     for label, n in numbers.items():
         gates = n["gates"]["overall"] if n["gates"] else None
         ratio = max(layer["ratio"] for layer in n["massive_activations"])
         routers = n.get("router_load")
-        rows.append((
-            label, n["gate_type"], f"{n['first_token_attention']['mean']:.3f}",
-            f"{gates['mean']:.3f}" if gates else "-", f"{gates['below_0.1']:.3f}" if gates else "-",
-            f"{ratio:.1f}", f"{max(layer['max_over_even'] for layer in routers):.2f}" if routers else "-",
-            f"{n['perplexity']['perplexity']:.2f}",
-        ))
+        rows.append(
+            (
+                label,
+                n["gate_type"],
+                f"{n['first_token_attention']['mean']:.3f}",
+                f"{gates['mean']:.3f}" if gates else "-",
+                f"{gates['below_0.1']:.3f}" if gates else "-",
+                f"{ratio:.1f}",
+                f"{max(layer['max_over_even'] for layer in routers):.2f}" if routers else "-",
+                f"{n['perplexity']['perplexity']:.2f}",
+            )
+        )
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     for row in [header, *rows]:
         print("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)))
 
 
 def run(args) -> int:
-    from ..utils.devices import resolve_device, resolve_dtype
+    from ..checkpoint.outputs import OutputFolder
     from ..errors import GatedQwenError
     from ..tools.generation import check_tokenizer_files, load_model_and_tokenizer, local_checkpoint_folder
+    from ..utils.devices import resolve_device, resolve_dtype
     from ..utils.names import model_label
-    from ..checkpoint.outputs import OutputFolder
     from ..utils.verbosity import quiet_transformers
     from ._arguments import subfolders_per_model
 
@@ -154,7 +212,10 @@ def run(args) -> int:
         from ..tools.analysis import _pyplot
 
         _pyplot()  # fail before any model is loaded when matplotlib is missing
-    resolve_device(args.device), resolve_dtype(args.dtype)  # an unavailable device or dtype: refused before any loading
+    (
+        resolve_device(args.device),
+        resolve_dtype(args.dtype),
+    )  # an unavailable device or dtype: refused before any loading
 
     numbers, tensors, taken = {}, {}, set()
     for model_name, subfolder in zip(models, subfolders):
@@ -168,7 +229,9 @@ def run(args) -> int:
         numbers[label]["source"] = {"model": model_name, "subfolder": subfolder, "revision": args.revision}
         del model
 
-    with output as staging:  # --out is put in place whole at the end, or left as it was (gated_qwen.checkpoint.outputs)
+    with (
+        output as staging
+    ):  # --out is put in place whole at the end, or left as it was (gated_qwen.checkpoint.outputs)
         figures = [] if args.no_plots else _write_figures(staging, numbers, tensors)
         arguments = {key: value for key, value in vars(args).items() if key != "run"}
         report = {"arguments": arguments, "figures": figures, "models": numbers}

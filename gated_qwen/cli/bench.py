@@ -7,6 +7,7 @@ import shlex
 import sys
 from pathlib import Path
 
+
 OUTPUT_FILES = ("benchmark.md", "benchmark.json")
 PARTS = ("models", "loading", "conversion")
 
@@ -25,22 +26,66 @@ def add_parser(subparsers) -> None:
         "stock one; the converter's throughput and peak RSS beside a plain copy. Prints a markdown table and "
         "writes it with a JSON file of every measurement into --output-dir.",
     )
-    parser.add_argument("--size", choices=list(SIZES), default=defaults.size, help="architecture (default %(default)s: about 108M parameters)")
     parser.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        "--size",
+        choices=list(SIZES),
+        default=defaults.size,
+        help="architecture (default %(default)s: about 108M parameters)",
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
         help="change one config key of the architecture, e.g. --set num_hidden_layers=12 (VALUE is read as JSON)",
     )
-    parser.add_argument("--batch-sizes", type=int, nargs="+", default=list(defaults.batch_sizes), metavar="N", help="prefill batch sizes (default %(default)s)")
-    parser.add_argument("--prompt-length", type=int, default=defaults.prompt_length, metavar="TOKENS", help="prompt tokens (default %(default)s)")
-    parser.add_argument("--new-tokens", type=int, default=defaults.new_tokens, metavar="TOKENS", help="greedy decode tokens (default %(default)s)")
-    parser.add_argument("--repeats", type=int, default=defaults.repeats, metavar="N", help="measured rounds after one warm-up (default %(default)s)")
+    parser.add_argument(
+        "--batch-sizes",
+        type=int,
+        nargs="+",
+        default=list(defaults.batch_sizes),
+        metavar="N",
+        help="prefill batch sizes (default %(default)s)",
+    )
+    parser.add_argument(
+        "--prompt-length",
+        type=int,
+        default=defaults.prompt_length,
+        metavar="TOKENS",
+        help="prompt tokens (default %(default)s)",
+    )
+    parser.add_argument(
+        "--new-tokens",
+        type=int,
+        default=defaults.new_tokens,
+        metavar="TOKENS",
+        help="greedy decode tokens (default %(default)s)",
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=defaults.repeats,
+        metavar="N",
+        help="measured rounds after one warm-up (default %(default)s)",
+    )
     parser.add_argument("--dtype", choices=list(DTYPES), default=defaults.dtype)
     parser.add_argument("--device", default=defaults.device, help="cpu, cuda, cuda:1, ... (default %(default)s)")
-    parser.add_argument("--attn-implementation", default=defaults.attn_implementation, help="sdpa, eager, flash_attention_2, ... (default %(default)s)")
+    parser.add_argument(
+        "--attn-implementation",
+        default=defaults.attn_implementation,
+        help="sdpa, eager, flash_attention_2, ... (default %(default)s)",
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
     parser.add_argument("--skip", choices=PARTS, action="append", default=[], help="leave out a part; repeatable")
-    parser.add_argument("--scratch-dir", default=None, help="where the benchmark checkpoints are written (default: a temporary folder)")
-    parser.add_argument("--output-dir", default="benchmark-results", help="folder for benchmark.md and benchmark.json (default %(default)s)")
+    parser.add_argument(
+        "--scratch-dir", default=None, help="where the benchmark checkpoints are written (default: a temporary folder)"
+    )
+    parser.add_argument(
+        "--output-dir",
+        default="benchmark-results",
+        help="folder for benchmark.md and benchmark.json (default %(default)s)",
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace benchmark.md/.json already in --output-dir")
     parser.set_defaults(run=run)
 
@@ -79,14 +124,17 @@ def command_line(args) -> str:
 
 
 def run(args) -> int:
-    from ..tools.benchmark import BenchmarkOptions, format_markdown, run_benchmark
     from ..checkpoint.outputs import OutputFolder
+    from ..tools.benchmark import BenchmarkOptions, format_markdown, run_benchmark
 
     # Checked before measuring, not after minutes of it. --output-dir may hold other files: only these two
     # are written, both at once (gated_qwen.checkpoint.outputs), and earlier ones replaced only with --overwrite.
     output_dir = Path(args.output_dir)
     output = OutputFolder(
-        output_dir, overwrite=args.overwrite, merge=True, names=OUTPUT_FILES,
+        output_dir,
+        overwrite=args.overwrite,
+        merge=True,
+        names=OUTPUT_FILES,
         advice="pass --overwrite or another --output-dir",
     )
     options = BenchmarkOptions(
@@ -103,7 +151,9 @@ def run(args) -> int:
         scratch_dir=args.scratch_dir,
         **{part: part not in args.skip for part in PARTS},
     )
-    result = run_benchmark(options, log=lambda message: print(f"gated-qwen bench: {message}", file=sys.stderr, flush=True))
+    result = run_benchmark(
+        options, log=lambda message: print(f"gated-qwen bench: {message}", file=sys.stderr, flush=True)
+    )
     result["command"] = command_line(args)
     markdown = format_markdown(result) + f"\nCommand: `{result['command']}`\n"
 
@@ -111,5 +161,7 @@ def run(args) -> int:
         (staging / "benchmark.json").write_text(json.dumps(result, indent=2) + "\n")
         (staging / "benchmark.md").write_text(markdown)
     print(markdown, end="")
-    print(f"gated-qwen bench: wrote {output_dir / 'benchmark.md'} and {output_dir / 'benchmark.json'}", file=sys.stderr)
+    print(
+        f"gated-qwen bench: wrote {output_dir / 'benchmark.md'} and {output_dir / 'benchmark.json'}", file=sys.stderr
+    )
     return 0

@@ -18,16 +18,32 @@ def add_parser(subparsers) -> None:
     parser.add_argument("model", metavar="MODEL", help="a checkpoint folder or a hub id")
     parser.add_argument("--compare", nargs="+", default=[], metavar="MODEL", help="more models for the same table")
     add_model_source(parser, several=True)
-    parser.add_argument("--tasks", required=True, metavar="T1,T2", help="comma-separated harness tasks, e.g. mmlu,hellaswag,gsm8k")
-    parser.add_argument("--include-path", action="append", default=[], metavar="DIR", help="a folder of task YAML files (repeatable)")
-    parser.add_argument("--num-fewshot", type=number(int, 0), metavar="K", help="few-shot examples (default: each task's own)")
-    parser.add_argument("--limit", type=number(float, 0, low_open=True), metavar="N",
-                        help="documents per task (N >= 1), or a share of them (0 < N < 1); default: all")
-    parser.add_argument("--batch-size", type=number(int, 1), default=1, metavar="N", help="requests per forward (default 1)")
+    parser.add_argument(
+        "--tasks", required=True, metavar="T1,T2", help="comma-separated harness tasks, e.g. mmlu,hellaswag,gsm8k"
+    )
+    parser.add_argument(
+        "--include-path", action="append", default=[], metavar="DIR", help="a folder of task YAML files (repeatable)"
+    )
+    parser.add_argument(
+        "--num-fewshot", type=number(int, 0), metavar="K", help="few-shot examples (default: each task's own)"
+    )
+    parser.add_argument(
+        "--limit",
+        type=number(float, 0, low_open=True),
+        metavar="N",
+        help="documents per task (N >= 1), or a share of them (0 < N < 1); default: all",
+    )
+    parser.add_argument(
+        "--batch-size", type=number(int, 1), default=1, metavar="N", help="requests per forward (default 1)"
+    )
     add_device_and_dtype(parser)
-    parser.add_argument("--output-path", metavar="DIR", help="write results.json (every number) and results.md (the table) here")
+    parser.add_argument(
+        "--output-path", metavar="DIR", help="write results.json (every number) and results.md (the table) here"
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace results already in --output-path")
-    parser.add_argument("--log-samples", action="store_true", help="keep each document's model outputs in results.json")
+    parser.add_argument(
+        "--log-samples", action="store_true", help="keep each document's model outputs in results.json"
+    )
     parser.add_argument("--verbose", action="store_true", help="show the harness's and transformers' log messages")
     parser.set_defaults(run=run)
 
@@ -62,8 +78,15 @@ def run(args) -> int:
                 model_name, subfolder=subfolder, revision=args.revision, device=args.device, dtype=args.dtype
             )
             results[label] = evaluate(
-                model, tokenizer, tasks, num_fewshot=args.num_fewshot, limit=limit, batch_size=args.batch_size,
-                log_samples=args.log_samples, verbose=args.verbose, manager=manager,
+                model,
+                tokenizer,
+                tasks,
+                num_fewshot=args.num_fewshot,
+                limit=limit,
+                batch_size=args.batch_size,
+                log_samples=args.log_samples,
+                verbose=args.verbose,
+                manager=manager,
             )
         results[label]["source"] = {"model": model_name, "subfolder": subfolder, "revision": args.revision}
         del model
@@ -75,4 +98,3 @@ def run(args) -> int:
         written = write_results(output, {"arguments": arguments, "arms": results}, table)
         print(f"gated-qwen eval: wrote {', '.join(str(path) for path in written)}", file=sys.stderr)
     return 0
-

@@ -34,7 +34,11 @@ def run(args) -> int:
     print(f"wrote {written(result)} ({result.to})")
     print(
         f"parameters: {result.source_parameters:,} -> {result.exported_parameters:,} ({result.parameter_growth:+.2%})"
-        + (" (the headwise gate is stored once per channel)" if result.exported_parameters > result.source_parameters else "")
+        + (
+            " (the headwise gate is stored once per channel)"
+            if result.exported_parameters > result.source_parameters
+            else ""
+        )
     )
     if result.max_difference is not None:
         print(f"largest logit difference from {args.src} (float32): {result.max_difference:g}")

@@ -6,6 +6,7 @@ import json
 import re
 import sys
 
+
 _ESCAPES = {"n": "\n", "t": "\t", "\\": "\\"}
 
 
@@ -35,7 +36,10 @@ def add_parser(subparsers) -> None:
     source.add_argument("--tokenizer", metavar="PATH_OR_HUB_ID", help="load the tokenizer from here instead")
     add_device_and_dtype(source)
     source.add_argument(
-        "--attn", default=None, choices=ATTENTION_IMPLEMENTATIONS, help="attention implementation (default: transformers' choice)"
+        "--attn",
+        default=None,
+        choices=ATTENTION_IMPLEMENTATIONS,
+        help="attention implementation (default: transformers' choice)",
     )
     inputs = parser.add_argument_group("prompts")
     inputs.add_argument("--prompts-file", metavar="PATH", help="a file with one prompt per line ('-': stdin)")
@@ -57,7 +61,9 @@ def add_parser(subparsers) -> None:
     decoding.add_argument("--top-k", type=number(int, 0))
     decoding.add_argument("--repetition-penalty", type=number(float, 0, low_open=True))
     decoding.add_argument(
-        "--seed", type=int, default=0,
+        "--seed",
+        type=int,
+        default=0,
         help="seed torch first (default 0): the same command gives the same text every run; another seed, another sample",
     )
     decoding.add_argument(

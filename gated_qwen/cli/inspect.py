@@ -30,9 +30,9 @@ def describe(checkpoint: str, subfolder: str = "", revision: str | None = None) 
     'headwise'
     """
     from ..checkpoint import SAFETENSORS_DTYPES, check_layer_count, check_weights_match_config, read_checkpoint_header
+    from ..errors import CheckpointError
     from ..models.qwen3_gated.configuration_qwen3_gated import Qwen3GatedConfig, check_model_type
     from ..models.qwen3_moe_gated.configuration_qwen3_moe_gated import MOE_MODEL_TYPES, Qwen3MoeGatedConfig
-    from ..errors import CheckpointError
 
     header = read_checkpoint_header(checkpoint, subfolder=subfolder, revision=revision)
     moe = header.config.get("model_type") in MOE_MODEL_TYPES
@@ -46,7 +46,9 @@ def describe(checkpoint: str, subfolder: str = "", revision: str | None = None) 
         raise
     except Exception as error:  # strict dataclass validation raises several error types
         reason = " ".join(str(error).split())
-        raise CheckpointError(f"{header.source}/config.json is not a valid {'Qwen3-MoE' if moe else 'Qwen3'} config: {reason}") from None
+        raise CheckpointError(
+            f"{header.source}/config.json is not a valid {'Qwen3-MoE' if moe else 'Qwen3'} config: {reason}"
+        ) from None
     if header.weights_format is None:
         raise CheckpointError(
             f"{header.source} has no weights (model.safetensors, pytorch_model.bin, or an index of either)"
@@ -55,10 +57,16 @@ def describe(checkpoint: str, subfolder: str = "", revision: str | None = None) 
     if shapes_checked:
         check_weights_match_config(config, header.tensors, header.source)
         parameters = sum(t.numel for t in header.tensors.values())
-        weight_dtypes = sorted({str(SAFETENSORS_DTYPES[t.dtype]).removeprefix("torch.") for t in header.tensors.values()})
+        weight_dtypes = sorted(
+            {str(SAFETENSORS_DTYPES[t.dtype]).removeprefix("torch.") for t in header.tensors.values()}
+        )
     else:  # pickle weights on the hub: their shapes are inside the file
         parameters, weight_dtypes = _parameters_from_config(config), []
-    kinds = {"gated_attention_release": "gated-attention release", "qwen3": "stock Qwen3", "qwen3_moe": "stock Qwen3-MoE"}
+    kinds = {
+        "gated_attention_release": "gated-attention release",
+        "qwen3": "stock Qwen3",
+        "qwen3_moe": "stock Qwen3-MoE",
+    }
     facts = {
         "source": header.source,
         "model_type": header.config.get("model_type"),
@@ -104,7 +112,9 @@ def _parameters_from_config(config) -> int:
     from ..models.qwen3_moe_gated.modeling_qwen3_moe_gated import Qwen3MoeGatedForCausalLM
 
     with torch.device("meta"):
-        model = (Qwen3MoeGatedForCausalLM if isinstance(config, Qwen3MoeGatedConfig) else Qwen3GatedForCausalLM)(config)
+        model = (Qwen3MoeGatedForCausalLM if isinstance(config, Qwen3MoeGatedConfig) else Qwen3GatedForCausalLM)(
+            config
+        )
     return sum(p.numel() for p in model.parameters())  # a tied lm_head counts once
 
 
@@ -118,28 +128,51 @@ def run(args) -> int:
         ("model_type", f"{facts['model_type']} ({facts['kind']})"),
         ("gate type", facts["gate_type"]),
         ("layers", facts["num_hidden_layers"]),
-        ("heads", f"{facts['num_attention_heads']} query / {facts['num_key_value_heads']} kv, head_dim {facts['head_dim']}"),
+        (
+            "heads",
+            f"{facts['num_attention_heads']} query / {facts['num_key_value_heads']} kv, head_dim {facts['head_dim']}",
+        ),
         ("hidden / MLP / vocab", f"{facts['hidden_size']} / {facts['intermediate_size']} / {facts['vocab_size']}"),
         ("qk norm / qkv bias", f"{facts['use_qk_norm']} / {facts['qkv_bias']}"),
         ("tied embeddings", facts["tie_word_embeddings"]),
-        ("parameters", f"{facts['parameters']:,} ({facts['parameters'] / 1e9:.2f}B)"
-         + ("" if facts["shapes_checked"] else ", from the config")),
+        (
+            "parameters",
+            f"{facts['parameters']:,} ({facts['parameters'] / 1e9:.2f}B)"
+            + ("" if facts["shapes_checked"] else ", from the config"),
+        ),
     ]
     if "num_experts" in facts:
         rows += [
-            ("experts", f"{facts['num_experts']} of width {facts['moe_intermediate_size']}, {facts['num_experts_per_tok']} per "
-             f"token, in {facts['sparse_layers']} of {facts['num_hidden_layers']} layers (norm_topk_prob {facts['norm_topk_prob']})"),
-            ("active parameters", f"{facts['active_parameters']:,} ({facts['active_parameters'] / 1e9:.2f}B) per token"),
+            (
+                "experts",
+                f"{facts['num_experts']} of width {facts['moe_intermediate_size']}, {facts['num_experts_per_tok']} per "
+                f"token, in {facts['sparse_layers']} of {facts['num_hidden_layers']} layers (norm_topk_prob {facts['norm_topk_prob']})",
+            ),
+            (
+                "active parameters",
+                f"{facts['active_parameters']:,} ({facts['active_parameters'] / 1e9:.2f}B) per token",
+            ),
         ]
     rows += [
-        ("dtype", f"{facts['config_dtype'] or 'unset'} (config)"
-         + (f", {', '.join(facts['weight_dtypes'])} (weights)" if facts["weight_dtypes"] else "")),
-        ("weights", f"{facts['files']} {facts['weights_format']} file{'s' if facts['files'] > 1 else ''}, "
-         f"{facts['weight_bytes'] / 1e6:,.1f} MB"),
+        (
+            "dtype",
+            f"{facts['config_dtype'] or 'unset'} (config)"
+            + (f", {', '.join(facts['weight_dtypes'])} (weights)" if facts["weight_dtypes"] else ""),
+        ),
+        (
+            "weights",
+            f"{facts['files']} {facts['weights_format']} file{'s' if facts['files'] > 1 else ''}, "
+            f"{facts['weight_bytes'] / 1e6:,.1f} MB",
+        ),
     ]
     if not facts["shapes_checked"]:
-        rows.append(("q_proj shapes", "not checked: a pytorch_model.bin holds them inside, so they need the download "
-                     "(inspect the downloaded folder, or convert --gate keep to safetensors)"))
+        rows.append(
+            (
+                "q_proj shapes",
+                "not checked: a pytorch_model.bin holds them inside, so they need the download "
+                "(inspect the downloaded folder, or convert --gate keep to safetensors)",
+            )
+        )
     width = max(len(name) for name, _ in rows)
     for name, value in rows:
         print(f"{name:<{width}}  {value}")

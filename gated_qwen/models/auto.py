@@ -46,12 +46,24 @@ def register_with_transformers() -> None:
     families = []
     dense = sys.modules.get("gated_qwen.models.qwen3_gated.modeling_qwen3_gated")
     if dense is not None and hasattr(dense, "Qwen3GatedForSequenceClassification"):
-        families.append((dense.Qwen3GatedPreTrainedModel.config_class, dense.Qwen3GatedModel, dense.Qwen3GatedForCausalLM,
-                         dense.Qwen3GatedForSequenceClassification))
+        families.append(
+            (
+                dense.Qwen3GatedPreTrainedModel.config_class,
+                dense.Qwen3GatedModel,
+                dense.Qwen3GatedForCausalLM,
+                dense.Qwen3GatedForSequenceClassification,
+            )
+        )
     moe = sys.modules.get("gated_qwen.models.qwen3_moe_gated.modeling_qwen3_moe_gated")
     if moe is not None and hasattr(moe, "Qwen3MoeGatedForSequenceClassification"):
-        families.append((moe.Qwen3MoeGatedPreTrainedModel.config_class, moe.Qwen3MoeGatedModel, moe.Qwen3MoeGatedForCausalLM,
-                         moe.Qwen3MoeGatedForSequenceClassification))
+        families.append(
+            (
+                moe.Qwen3MoeGatedPreTrainedModel.config_class,
+                moe.Qwen3MoeGatedModel,
+                moe.Qwen3MoeGatedForCausalLM,
+                moe.Qwen3MoeGatedForSequenceClassification,
+            )
+        )
         _register_expert_storage(moe.Qwen3MoeGatedPreTrainedModel.config_class.model_type)
     for config_class, bare, causal_lm, classifier in families:
         AutoConfig.register(config_class.model_type, config_class, exist_ok=True)
@@ -96,8 +108,11 @@ def on_transformers_import(_module: ModuleType) -> None:
     only partly executed; each registers when it completes (:mod:`gated_qwen` imports the modeling
     modules before any of its public names is returned).
     """
-    if any(name.startswith("gated_qwen.models.qwen3") and name.rsplit(".", 1)[-1].startswith(("configuration_", "modeling_"))
-           for name in sys.modules):
+    if any(
+        name.startswith("gated_qwen.models.qwen3")
+        and name.rsplit(".", 1)[-1].startswith(("configuration_", "modeling_"))
+        for name in sys.modules
+    ):
         return
     for name in MODELING_MODULES:
         importlib.import_module(name)
@@ -117,4 +132,10 @@ def register_with_peft(constants: ModuleType) -> None:
             table.setdefault("qwen3_moe_gated", table.get("qwen3_moe", table["qwen3"]))
 
 
-__all__ = ["MODELING_MODULES", "causal_lm_class", "on_transformers_import", "register_with_peft", "register_with_transformers"]
+__all__ = [
+    "MODELING_MODULES",
+    "causal_lm_class",
+    "on_transformers_import",
+    "register_with_peft",
+    "register_with_transformers",
+]

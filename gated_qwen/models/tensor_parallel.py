@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import re
 
+
 __all__ = ["GATED_UNIT_STYLES", "GatedQProjTensorParallelMixin", "check_and_adapt_tp_plan"]
 
 # transformers' style -> this model's replacement for q_proj / o_proj (registered in ALL_PARALLEL_STYLES under these names)

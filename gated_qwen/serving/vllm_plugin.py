@@ -37,6 +37,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+
 logger = logging.getLogger(__name__)
 
 GATED_ARCHITECTURE = "Qwen3GatedForCausalLM"
@@ -53,8 +54,9 @@ def register() -> None:
     >>> from gated_qwen.serving.vllm_plugin import register
     >>> register()  # doctest: +SKIP
     """
-    import gated_qwen  # noqa: F401  (qwen3_gated with the Auto classes: vLLM reads the config through them)
     from vllm import ModelRegistry
+
+    import gated_qwen  # noqa: F401  (qwen3_gated with the Auto classes: vLLM reads the config through them)
 
     ModelRegistry.register_model(GATED_ARCHITECTURE, f"{MODELS_MODULE}:Qwen3GatedForCausalLM")
     ModelRegistry.register_model(QWEN3_ARCHITECTURE, f"{MODELS_MODULE}:Qwen3OrGatedForCausalLM")
@@ -92,7 +94,12 @@ def check_served_checkpoint(vllm_config) -> None:
     the load): :class:`~gated_qwen.errors.CheckpointError` where the config does not describe the weights
     or its values make no model, ValueError where the tensor-parallel size does not divide the kv heads.
     """
-    from ..checkpoint import check_weights_match_config, local_weight_files, read_checkpoint_header, read_weight_file_header
+    from ..checkpoint import (
+        check_weights_match_config,
+        local_weight_files,
+        read_checkpoint_header,
+        read_weight_file_header,
+    )
     from ..errors import CheckpointError
     from ..models.qwen3_gated.configuration_qwen3_gated import Qwen3GatedConfig, is_gated_attention_config
     from ..models.qwen3_moe_gated.configuration_qwen3_moe_gated import Qwen3MoeGatedConfig
@@ -147,4 +154,11 @@ def check_tensor_parallel_size(num_key_value_heads: int, tensor_parallel_size: i
         )
 
 
-__all__ = ["GATED_ARCHITECTURE", "MOE_ARCHITECTURE", "QWEN3_ARCHITECTURE", "check_served_checkpoint", "check_tensor_parallel_size", "register"]
+__all__ = [
+    "GATED_ARCHITECTURE",
+    "MOE_ARCHITECTURE",
+    "QWEN3_ARCHITECTURE",
+    "check_served_checkpoint",
+    "check_tensor_parallel_size",
+    "register",
+]

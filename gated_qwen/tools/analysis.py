@@ -32,6 +32,7 @@ from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeDecoderLaye
 from ..errors import GatedQwenError
 from ..models.layout import split_query_and_gate
 
+
 FIGURE_DPI = 100
 HISTOGRAM_BINS = 20
 
@@ -49,7 +50,9 @@ def gated_attention_layers(model: nn.Module) -> list[Qwen3Attention]:
 def _require_gates(model: nn.Module, what: str) -> list[Qwen3Attention]:
     layers = gated_attention_layers(model)
     if not layers:
-        raise GatedQwenError(f"{what} needs a gated model (headwise or elementwise); this model has no gated attention layer")
+        raise GatedQwenError(
+            f"{what} needs a gated model (headwise or elementwise); this model has no gated attention layer"
+        )
     return layers
 
 
@@ -171,7 +174,9 @@ def _head_selection(heads, layer: int, num_heads: int) -> torch.Tensor | None:
         mask = heads.bool()
         mask = mask[layer] if mask.ndim == 2 else mask
         if mask.shape != (num_heads,):
-            raise GatedQwenError(f"the head mask has shape {tuple(heads.shape)}; expected ({num_heads},) or (layers, {num_heads})")
+            raise GatedQwenError(
+                f"the head mask has shape {tuple(heads.shape)}; expected ({num_heads},) or (layers, {num_heads})"
+            )
         return mask
     mask = torch.zeros(num_heads, dtype=torch.bool)
     for head in heads:
@@ -231,7 +236,9 @@ def override_gates(
     previous = {layer: module.gate_override for layer, module in chosen.items()}
     try:
         for layer, module in chosen.items():
-            module.gate_override = make_override(layer, _head_selection(heads, layer, module.config.num_attention_heads))
+            module.gate_override = make_override(
+                layer, _head_selection(heads, layer, module.config.num_attention_heads)
+            )
         yield
     finally:
         for layer, module in chosen.items():
@@ -260,7 +267,9 @@ def first_token_attention(
         attention_mask = torch.ones(batch, keys, dtype=torch.long, device=attention.device)
     attention_mask = attention_mask.to(attention.device).bool()[:, -keys:]  # (B, S)
     first_key = attention_mask.long().argmax(-1)  # (B,)
-    on_first = attention.gather(-1, first_key[:, None, None, None].expand(-1, attention.shape[1], queries, 1))[..., 0]  # (B, H, T)
+    on_first = attention.gather(-1, first_key[:, None, None, None].expand(-1, attention.shape[1], queries, 1))[
+        ..., 0
+    ]  # (B, H, T)
     positions = attention_mask.long().cumsum(-1)[:, -queries:] - 1  # (B, T): 0 at the first real token
     keep = attention_mask[:, -queries:] & (positions >= skip_first)  # (B, T)
     if not keep.any():
@@ -305,7 +314,9 @@ def record_attention(
     def after_attention(module, args, output):
         probabilities = output[1]  # (B, H, T, S)
         if probabilities is None:
-            raise GatedQwenError(f"{type(module).__name__} returned no attention probabilities; it must run the eager backend")
+            raise GatedQwenError(
+                f"{type(module).__name__} returned no attention probabilities; it must run the eager backend"
+            )
         layer = module.layer_idx
         mass = first_token_attention(probabilities.detach(), skip_first, attention_mask).cpu()
         record.first_token_sum[layer] = record.first_token_sum.get(layer, 0) + mass
@@ -343,7 +354,9 @@ def attention_sink(
 
 
 @torch.no_grad()
-def massive_activations(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> list[dict]:
+def massive_activations(
+    model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+) -> list[dict]:
     """Per decoder layer, the largest |hidden state| of its output, where it is, and its ratio to the median |value|.
 
     Padded positions (``attention_mask`` 0) are left out.
@@ -387,7 +400,9 @@ def massive_activations(model: nn.Module, input_ids: torch.Tensor, attention_mas
 
 
 @torch.no_grad()
-def router_load(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> list[dict] | None:
+def router_load(
+    model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+) -> list[dict] | None:
     """Per sparse layer of a mixture of experts, how the router spreads the tokens: None for a dense model.
 
     From the router logits the model returns (``output_router_logits=True``, transformers' Qwen3-MoE): each
@@ -518,7 +533,9 @@ def _save(figure, path) -> None:
     _pyplot().close(figure)
 
 
-def plot_attention_maps(maps: dict[str, dict[int, torch.Tensor]], tokens: dict[str, list[str]], path) -> tuple[int, int]:
+def plot_attention_maps(
+    maps: dict[str, dict[int, torch.Tensor]], tokens: dict[str, list[str]], path
+) -> tuple[int, int]:
     """One heat map per model (rows) and layer (columns), averaged over heads, tokens on both axes; returns (width, height) px.
 
     >>> plot_attention_maps({"headwise": {0: map0}}, {"headwise": ["The", " fox"]}, "maps.png")  # doctest: +SKIP
@@ -577,7 +594,9 @@ def plot_first_token_attention(first_token: dict[str, list[float]], path) -> tup
     size = (8, 5)
     figure, axis = plt.subplots(figsize=size)
     for label, per_layer in first_token.items():
-        axis.plot(range(len(per_layer)), per_layer, marker="o", label=f"{label} (mean {sum(per_layer) / len(per_layer):.3f})")
+        axis.plot(
+            range(len(per_layer)), per_layer, marker="o", label=f"{label} (mean {sum(per_layer) / len(per_layer):.3f})"
+        )
     axis.xaxis.get_major_locator().set_params(integer=True)  # layers are whole numbers
     axis.set_xlabel("layer")
     axis.set_ylabel("attention on the first token")

@@ -37,18 +37,32 @@ from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM, Qwen3M
 from transformers.generation.streamers import BaseStreamer
 from transformers.utils import logging as hf_logging
 
-from .benchmark_options import DTYPES, SIZES, BenchmarkOptions
-from ..models.qwen3_gated.configuration_qwen3_gated import Qwen3GatedConfig
 from ..errors import GatedQwenError
+from ..models.qwen3_gated.configuration_qwen3_gated import Qwen3GatedConfig
 from ..models.qwen3_gated.modeling_qwen3_gated import Qwen3GatedForCausalLM
 from ..models.qwen3_moe_gated.configuration_qwen3_moe_gated import Qwen3MoeGatedConfig
 from ..models.qwen3_moe_gated.modeling_qwen3_moe_gated import Qwen3MoeGatedForCausalLM
 from ..utils.names import GATE_TYPES
+from .benchmark_options import DTYPES, SIZES, BenchmarkOptions
 
-ARCHITECTURE_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                     "num_attention_heads", "num_key_value_heads", "head_dim")
-MOE_KEYS = ("moe_intermediate_size", "num_experts", "num_experts_per_tok", "norm_topk_prob", "decoder_sparse_step",
-            "mlp_only_layers")
+
+ARCHITECTURE_KEYS = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+)
+MOE_KEYS = (
+    "moe_intermediate_size",
+    "num_experts",
+    "num_experts_per_tok",
+    "norm_topk_prob",
+    "decoder_sparse_step",
+    "mlp_only_layers",
+)
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"  # package data; SIZES["1b"] names a file here
 STOCK_ARM = "qwen3"  # transformers' Qwen3ForCausalLM
 GATES = GATE_TYPES
@@ -76,7 +90,9 @@ def architecture(options: BenchmarkOptions) -> dict:
     unknown = sorted(set(options.overrides) - set(config_class.__dataclass_fields__))
     if unknown:
         family = "Qwen3-MoE" if moe else "Qwen3"
-        raise GatedQwenError(f"{', '.join(unknown)}: not a {family} config key; see transformers' {family.replace('-', '')}Config")
+        raise GatedQwenError(
+            f"{', '.join(unknown)}: not a {family} config key; see transformers' {family.replace('-', '')}Config"
+        )
     return {
         **size,
         "tie_word_embeddings": True,
@@ -260,7 +276,10 @@ def measure_models(options: BenchmarkOptions) -> dict:
     device = torch.device(options.device)
     vocab = next(iter(arms.values())).config.vocab_size
     generator = torch.Generator().manual_seed(options.seed)
-    prompts = {b: torch.randint(vocab, (b, options.prompt_length), generator=generator).to(device) for b in options.batch_sizes}
+    prompts = {
+        b: torch.randint(vocab, (b, options.prompt_length), generator=generator).to(device)
+        for b in options.batch_sizes
+    }
     workloads = {f"prefill_b{b}": (lambda model, ids=ids: time_prefill(model, ids)) for b, ids in prompts.items()}
     decode_prompt = prompts.get(1, torch.randint(vocab, (1, options.prompt_length), generator=generator).to(device))
     workloads["decode_b1"] = lambda model: time_decode(model, decode_prompt, options.new_tokens)
@@ -339,16 +358,13 @@ def measure_loading(options: BenchmarkOptions, checkpoints: dict[str, Path]) -> 
     }
 
 
-
 def measure_conversion(options: BenchmarkOptions, stock: Path, folder: Path) -> dict:
     """``convert_checkpoint`` of the stock checkpoint beside ``shutil.copytree`` of it, each in a child process."""
     from ..checkpoint.formats import local_weight_files, read_local_safetensors_header
     from .benchmark_child import run_step
 
     largest = max(
-        info.nbytes
-        for file in local_weight_files(stock)
-        for info in read_local_safetensors_header(file).values()
+        info.nbytes for file in local_weight_files(stock) for info in read_local_safetensors_header(file).values()
     )
 
     def work(kind):
@@ -442,11 +458,17 @@ def run_benchmark(options: BenchmarkOptions, log: Callable[[str], None] = lambda
         raise
     except Exception as error:  # strict config validation raises several error types
         detail = " ".join(str(error).split())  # one line: strict validation spreads its message over several
-        raise GatedQwenError(f"the benchmark architecture is not a valid config ({detail}); check the --set values") from None
+        raise GatedQwenError(
+            f"the benchmark architecture is not a valid config ({detail}); check the --set values"
+        ) from None
     if options.threads is not None:
         torch.set_num_threads(options.threads)
 
-    result = {"options": asdict(options), "architecture": architecture(options), "machine": machine_description(options)}
+    result = {
+        "options": asdict(options),
+        "architecture": architecture(options),
+        "machine": machine_description(options),
+    }
     result.update(parameter_counts(options))  # from the architecture alone: reported whatever is skipped
     if options.models:
         log("measuring prefill and decode of the four arms")
@@ -454,7 +476,9 @@ def run_benchmark(options: BenchmarkOptions, log: Callable[[str], None] = lambda
     if options.loading or options.conversion:
         from ..checkpoint.outputs import scratch_folder
 
-        with scratch_folder(options.scratch_dir, name="gated-qwen-bench") as scratch:  # a killed run's is removed by the next
+        with scratch_folder(
+            options.scratch_dir, name="gated-qwen-bench"
+        ) as scratch:  # a killed run's is removed by the next
             log("writing the stock and gated checkpoints")
             checkpoints = write_checkpoints(options, Path(scratch))
             if options.loading:
@@ -481,7 +505,9 @@ def check_targets(result: dict) -> list[dict]:
     stock_label = "Qwen3MoeForCausalLM" if moe else "Qwen3ForCausalLM"
 
     def add(what, measured, limit, quartiles=None):
-        rows.append({"target": what, "measured": measured, "limit": limit, "met": measured <= limit, "quartiles": quartiles})
+        rows.append(
+            {"target": what, "measured": measured, "limit": limit, "met": measured <= limit, "quartiles": quartiles}
+        )
 
     if "models" in result:
         for workload, numbers in result["models"]["workloads"].items():
@@ -495,8 +521,12 @@ def check_targets(result: dict) -> list[dict]:
                 parameters["elementwise"] / parameters["none"] + TARGET_SLACK,
                 quartiles["elementwise"],
             )
-            add(f"{workload}: none time / {stock_label} time", numbers["none_time_ratio_to_qwen3"], 1 + TARGET_SLACK,
-                numbers["none_time_ratio_quartiles_to_qwen3"])
+            add(
+                f"{workload}: none time / {stock_label} time",
+                numbers["none_time_ratio_to_qwen3"],
+                1 + TARGET_SLACK,
+                numbers["none_time_ratio_quartiles_to_qwen3"],
+            )
     if "conversion" in result:
         conversion = result["conversion"]
         add("conversion time / copy time", conversion["time_ratio_to_copy"], CONVERSION_TIME_TARGET)
@@ -508,10 +538,18 @@ def check_targets(result: dict) -> list[dict]:
 # Report
 
 
-ARM_LABELS = {STOCK_ARM: "transformers Qwen3ForCausalLM", "none": "Qwen3Gated none", "headwise": "Qwen3Gated headwise",
-              "elementwise": "Qwen3Gated elementwise"}
-MOE_ARM_LABELS = {STOCK_ARM: "transformers Qwen3MoeForCausalLM", "none": "Qwen3MoeGated none",
-                  "headwise": "Qwen3MoeGated headwise", "elementwise": "Qwen3MoeGated elementwise"}
+ARM_LABELS = {
+    STOCK_ARM: "transformers Qwen3ForCausalLM",
+    "none": "Qwen3Gated none",
+    "headwise": "Qwen3Gated headwise",
+    "elementwise": "Qwen3Gated elementwise",
+}
+MOE_ARM_LABELS = {
+    STOCK_ARM: "transformers Qwen3MoeForCausalLM",
+    "none": "Qwen3MoeGated none",
+    "headwise": "Qwen3MoeGated headwise",
+    "elementwise": "Qwen3MoeGated elementwise",
+}
 
 
 def _active_column(result: dict, arm: str) -> list[str]:
@@ -538,8 +576,13 @@ def format_markdown(result: dict) -> str:
         header = ["arm", "parameters", "params / none", "layer params / none", *active_header]
         lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         for arm in parameters:
-            row = [labels[arm], f"{parameters[arm] / 1e6:.2f}M", f"{parameters[arm] / parameters['none']:.4f}",
-                   f"{layer_parameters[arm] / layer_parameters['none']:.4f}", *_active_column(result, arm)]
+            row = [
+                labels[arm],
+                f"{parameters[arm] / 1e6:.2f}M",
+                f"{parameters[arm] / parameters['none']:.4f}",
+                f"{layer_parameters[arm] / layer_parameters['none']:.4f}",
+                *_active_column(result, arm),
+            ]
             lines.append("| " + " | ".join(row) + " |")
         lines.append("")
     if "models" in result:

@@ -86,12 +86,12 @@ def run_step(step: str, src: str, dst: str = "") -> dict:
     """
     from ..errors import GatedQwenError
 
-    process = subprocess.run(
-        [sys.executable, "-m", __name__, step, src, dst], capture_output=True, text=True
-    )
+    process = subprocess.run([sys.executable, "-m", __name__, step, src, dst], capture_output=True, text=True)
     if process.returncode:
         message = process.stderr.strip().splitlines()[-1:] or ["no message"]
-        raise GatedQwenError(f"benchmark step {step!r} failed in its child process (exit {process.returncode}): {message[0]}")
+        raise GatedQwenError(
+            f"benchmark step {step!r} failed in its child process (exit {process.returncode}): {message[0]}"
+        )
     return json.loads(process.stdout.strip().splitlines()[-1])
 
 

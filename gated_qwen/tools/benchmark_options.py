@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+
 # Architectures by name. "100m" keeps the released arms' proportions (head_dim 128, two query heads
 # per kv head, H*D = hidden, MLP 3x hidden) at about 108M parameters with a 32k vocabulary; "1b" is the
 # released architecture itself, read from the repository's configs/1B_baseline.json (the measured
@@ -19,17 +20,51 @@ from dataclasses import dataclass, field
 # 32 experts of width 256, 4 per token (203M parameters, 71M active); "moe-15b" the paper's MoE
 # architecture (configs/moe_15B_A2B_headwise.json: 128 experts, 8 per token); "moe-tiny" for tests.
 SIZES = {
-    "tiny": dict(vocab_size=256, hidden_size=64, intermediate_size=192, num_hidden_layers=2,
-                 num_attention_heads=4, num_key_value_heads=2, head_dim=16),
-    "100m": dict(vocab_size=32000, hidden_size=1024, intermediate_size=3072, num_hidden_layers=6,
-                 num_attention_heads=8, num_key_value_heads=4, head_dim=128),
+    "tiny": {
+        "vocab_size": 256,
+        "hidden_size": 64,
+        "intermediate_size": 192,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+    },
+    "100m": {
+        "vocab_size": 32000,
+        "hidden_size": 1024,
+        "intermediate_size": 3072,
+        "num_hidden_layers": 6,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "head_dim": 128,
+    },
     "1b": "1B_baseline.json",
-    "moe-tiny": dict(vocab_size=256, hidden_size=64, intermediate_size=192, num_hidden_layers=2,
-                     num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                     moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2, norm_topk_prob=True),
-    "moe-100m": dict(vocab_size=32000, hidden_size=1024, intermediate_size=3072, num_hidden_layers=6,
-                     num_attention_heads=8, num_key_value_heads=4, head_dim=128,
-                     moe_intermediate_size=256, num_experts=32, num_experts_per_tok=4, norm_topk_prob=True),
+    "moe-tiny": {
+        "vocab_size": 256,
+        "hidden_size": 64,
+        "intermediate_size": 192,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "moe_intermediate_size": 32,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "norm_topk_prob": True,
+    },
+    "moe-100m": {
+        "vocab_size": 32000,
+        "hidden_size": 1024,
+        "intermediate_size": 3072,
+        "num_hidden_layers": 6,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "head_dim": 128,
+        "moe_intermediate_size": 256,
+        "num_experts": 32,
+        "num_experts_per_tok": 4,
+        "norm_topk_prob": True,
+    },
     "moe-15b": "moe_15B_A2B_headwise.json",
 }
 DTYPES = ("float32", "bfloat16", "float16")

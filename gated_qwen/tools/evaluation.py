@@ -23,6 +23,7 @@ from pathlib import Path
 
 from ..errors import GatedQwenError
 
+
 RESULTS_FILES = ("results.json", "results.md")
 
 
@@ -156,8 +157,13 @@ def table_rows(results_by_arm: dict[str, dict]) -> list[dict]:
                 stderr = metrics.get(f"{metric}_stderr,{filter_name}")
                 row = rows.setdefault(
                     (task, metric, filter_name),
-                    {"task": task, "metric": metric, "filter": filter_name,
-                     "n-shot": result.get("n-shot", {}).get(task), "values": {}},
+                    {
+                        "task": task,
+                        "metric": metric,
+                        "filter": filter_name,
+                        "n-shot": result.get("n-shot", {}).get(task),
+                        "values": {},
+                    },
                 )
                 row["values"][arm] = (value, stderr if isinstance(stderr, (int, float)) else None)
     return list(rows.values())
@@ -184,7 +190,11 @@ def format_table(results_by_arm: dict[str, dict]) -> str:
             else:
                 cells.append(f"{value:.4f} ± {stderr:.4f}")
         metric = row["metric"] + (f" ({row['filter']})" if row["filter"] not in ("", "none") else "")
-        lines.append(f"| {row['task']} | {metric} | {row['n-shot'] if row['n-shot'] is not None else '-'} | " + " | ".join(cells) + " |")
+        lines.append(
+            f"| {row['task']} | {metric} | {row['n-shot'] if row['n-shot'] is not None else '-'} | "
+            + " | ".join(cells)
+            + " |"
+        )
     return "\n".join(lines)
 
 
@@ -199,7 +209,11 @@ def output_folder(folder: str | Path, overwrite: bool = False):
     from ..checkpoint.outputs import OutputFolder
 
     return OutputFolder(
-        folder, overwrite=overwrite, merge=True, names=RESULTS_FILES, advice="pass --overwrite or another --output-path"
+        folder,
+        overwrite=overwrite,
+        merge=True,
+        names=RESULTS_FILES,
+        advice="pass --overwrite or another --output-path",
     )
 
 

@@ -26,12 +26,13 @@ from transformers import AutoTokenizer, GenerationConfig, TextStreamer
 from transformers.utils import logging
 from transformers.utils.hub import cached_files
 
-from ..utils.devices import check_attention, resolve_device, resolve_dtype
-from ..errors import GatedQwenError
-from ..checkpoint.hub import hub_error, resolve_source
 from ..checkpoint import read_config_json
+from ..checkpoint.hub import hub_error, resolve_source
+from ..errors import GatedQwenError
 from ..models.auto import causal_lm_class
 from ..models.qwen3_gated.modeling_qwen3_gated import Qwen3GatedForCausalLM
+from ..utils.devices import check_attention, resolve_device, resolve_dtype
+
 
 logger = logging.get_logger(__name__)
 
@@ -52,8 +53,10 @@ def local_checkpoint_folder(model: str, subfolder: str = "", revision: str | Non
     folder = resolve_source(model, subfolder, revision)
     if folder is not None and not (folder / "config.json").is_file():
         arms = sorted(p.name for p in folder.iterdir() if (p / "config.json").is_file())
-        hint = f"it holds several models: pass --subfolder with one of {', '.join(arms)}" if arms else (
-            "it is not a model checkpoint folder"
+        hint = (
+            f"it holds several models: pass --subfolder with one of {', '.join(arms)}"
+            if arms
+            else ("it is not a model checkpoint folder")
         )
         raise GatedQwenError(f"{folder} has no config.json; {hint}")
     return folder
@@ -79,9 +82,12 @@ def check_tokenizer_files(
     names = [name for names in TOKENIZER_FILE_SETS for name in names]
     # One hub call for all candidates.
     try:
-        found = cached_files(
-            source, names, subfolder=subfolder, revision=revision, _raise_exceptions_for_missing_entries=False
-        ) or []
+        found = (
+            cached_files(
+                source, names, subfolder=subfolder, revision=revision, _raise_exceptions_for_missing_entries=False
+            )
+            or []
+        )
     except OSError as error:
         raise hub_error(error.__cause__ or error, source, subfolder, revision) from None
     found_names = {Path(path).name for path in found}
@@ -148,7 +154,9 @@ def load_model(
     if info["missing_keys"]:
         missing = sorted(info["missing_keys"])
         raise GatedQwenError(
-            f"{model}" + (f" (subfolder {subfolder})" if subfolder else "") + f" lacks {', '.join(missing[:4])}"
+            f"{model}"
+            + (f" (subfolder {subfolder})" if subfolder else "")
+            + f" lacks {', '.join(missing[:4])}"
             + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
             + ": it is not a complete causal language model (a bare Qwen3GatedModel checkpoint has no lm_head)"
         )
@@ -171,9 +179,7 @@ def load_model_and_tokenizer(
         resolve_dtype(model_kwargs.get("dtype", "auto")),
     )
     local_checkpoint_folder(model, subfolder, revision)
-    text_tokenizer = (
-        load_tokenizer(model, subfolder, revision) if tokenizer is None else load_tokenizer(tokenizer)
-    )
+    text_tokenizer = load_tokenizer(model, subfolder, revision) if tokenizer is None else load_tokenizer(tokenizer)
     loaded = load_model(model, subfolder, revision, **model_kwargs)
     if len(text_tokenizer) > loaded.config.vocab_size:
         raise GatedQwenError(
@@ -209,9 +215,7 @@ def build_generation_config(
     >>> config.do_sample  # doctest: +SKIP
     True
     """
-    sampling = {
-        name: value for name, value in zip(SAMPLING_OPTIONS, (temperature, top_p, top_k)) if value is not None
-    }
+    sampling = {name: value for name, value in zip(SAMPLING_OPTIONS, (temperature, top_p, top_k)) if value is not None}
     if do_sample is False and sampling:
         raise GatedQwenError(f"{', '.join(sampling)} only apply to sampling; drop them or drop greedy decoding")
     if do_sample is None and sampling:

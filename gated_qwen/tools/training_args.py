@@ -11,15 +11,32 @@ import math
 
 from ..errors import GatedQwenError
 
+
 DEFAULT_VOCAB_SIZE = 4096  # of the BPE trained when no tokenizer is given
 TRAINABLE = ("all", "gate")  # what --trainable accepts: every parameter, or the gate rows of q_proj
 
 
 # What fixes the rows a run reads and the model it starts from: a resumed run must give the same values.
 RUN_DATA_KEYS = (
-    "train_file", "dataset", "dataset_config", "split", "text_field", "streaming", "shuffle_buffer", "seed", "seq_len",
-    "gate", "config", "max_steps", "max_tokens", "init_from", "init_from_subfolder", "init_from_revision",
-    "gate_init", "trainable", "gate_lr_scale",
+    "train_file",
+    "dataset",
+    "dataset_config",
+    "split",
+    "text_field",
+    "streaming",
+    "shuffle_buffer",
+    "seed",
+    "seq_len",
+    "gate",
+    "config",
+    "max_steps",
+    "max_tokens",
+    "init_from",
+    "init_from_subfolder",
+    "init_from_revision",
+    "gate_init",
+    "trainable",
+    "gate_lr_scale",
 )
 
 
@@ -45,10 +62,14 @@ class TrainingArguments:
     split: str = "train"
     heldout_split: str | None = None  # a split of `dataset` to evaluate on, instead of heldout_file
     text_field: str = "text"
-    streaming: bool = False  # True: read the data as it trains (datasets streaming); False: through datasets' Arrow cache
+    streaming: bool = (
+        False  # True: read the data as it trains (datasets streaming); False: through datasets' Arrow cache
+    )
     data_shards: int | None = None  # the data is read as this many shards (None: one per process); see data.py
     shuffle_buffer: int = 1000  # streaming: documents in the shuffle buffer of each shard
-    config: str | None = None  # a config.json (e.g. configs/small_4M.json; an MoE one by model_type); None: Qwen3GatedConfig defaults + flags
+    config: str | None = (
+        None  # a config.json (e.g. configs/small_4M.json; an MoE one by model_type); None: Qwen3GatedConfig defaults + flags
+    )
     gate: str | None = None  # none/headwise/elementwise; overrides the config's gate flags
     tokenizer: str | None = None  # a tokenizer folder; None: train a byte-level BPE of vocab_size
     vocab_size: int | None = None  # of the BPE to train; None: DEFAULT_VOCAB_SIZE
@@ -77,7 +98,9 @@ class TrainingArguments:
     overwrite: bool = False
     progress: bool = True
     # Continuing a checkpoint instead of training from scratch (see training.load_initial_model, parameter_groups).
-    init_from: str | None = None  # a Qwen3 / Qwen3Gated / Qwen3-MoE / Qwen3MoeGated checkpoint folder or hub id; its tokenizer is kept
+    init_from: str | None = (
+        None  # a Qwen3 / Qwen3Gated / Qwen3-MoE / Qwen3MoeGated checkpoint folder or hub id; its tokenizer is kept
+    )
     init_from_subfolder: str = ""
     init_from_revision: str | None = None
     gate_init: str | None = None  # identity/random: how `gate` converts init_from (default identity)

@@ -41,9 +41,9 @@ from transformers import (
 from transformers.utils import logging
 
 from ..checkpoint import check_weights_match_config
-from ..models.qwen3_gated.configuration_qwen3_gated import Qwen3GatedConfig
 from ..errors import CheckpointError, GatedQwenError
 from ..models.layout import gate_dim, merge_query_and_gate, split_query_and_gate
+from ..models.qwen3_gated.configuration_qwen3_gated import Qwen3GatedConfig
 from ..models.qwen3_gated.modeling_qwen3_gated import (
     Qwen3GatedForCausalLM,
     Qwen3GatedForSequenceClassification,
@@ -60,6 +60,7 @@ from ..models.qwen3_moe_gated.modeling_qwen3_moe_gated import (
 from ..utils.names import CHECKPOINT_CONVERSION_GATES, CONVERSION_GATES, CONVERSION_INITS
 from .experts import is_fused_experts, saved_shapes, split_fused_experts
 from .pipeline import TensorMapping, source_config_from_dict, transform_checkpoint
+
 
 logger = logging.get_logger(__name__)
 
@@ -78,16 +79,19 @@ GATED_CLASSES = {
     Qwen3MoeForSequenceClassification: Qwen3MoeGatedForSequenceClassification,
     Qwen3MoeModel: Qwen3MoeGatedModel,
 }
-GATED_CLASS_FOR_ARCHITECTURE = {
-    stock.__name__: gated for stock, gated in GATED_CLASSES.items()
-} | {gated.__name__: gated for gated in GATED_CLASSES.values()}
+GATED_CLASS_FOR_ARCHITECTURE = {stock.__name__: gated for stock, gated in GATED_CLASSES.items()} | {
+    gated.__name__: gated for gated in GATED_CLASSES.values()
+}
+
 
 def _check_choice(value: str, choices, what: str) -> None:
     if value not in choices:
         raise GatedQwenError(f"unknown {what} {value!r}; choose one of {', '.join(choices)}")
 
 
-def gated_config_from_dict(config_dict: dict, gate: str, source: str = "the model") -> Qwen3GatedConfig | Qwen3MoeGatedConfig:
+def gated_config_from_dict(
+    config_dict: dict, gate: str, source: str = "the model"
+) -> Qwen3GatedConfig | Qwen3MoeGatedConfig:
     """The gated config of the gated variant of a Qwen3 or Qwen3-MoE config (a config.json's dict):
     a Qwen3GatedConfig, or a Qwen3MoeGatedConfig for a Qwen3-MoE.
 
@@ -155,7 +159,9 @@ def convert_tensor(name: str, tensor: torch.Tensor, config: Qwen3GatedConfig, in
 # In memory
 
 
-def convert_qwen3_to_gated(model: nn.Module, gate: str = "headwise", init: str = "identity") -> Qwen3GatedPreTrainedModel:
+def convert_qwen3_to_gated(
+    model: nn.Module, gate: str = "headwise", init: str = "identity"
+) -> Qwen3GatedPreTrainedModel:
     """The gated variant of a loaded stock Qwen3 model, sharing all its tensors but q_proj and o_proj.
 
     ``model`` is a transformers ``Qwen3ForCausalLM``, ``Qwen3ForSequenceClassification`` or
@@ -210,7 +216,9 @@ def convert_qwen3_to_gated(model: nn.Module, gate: str = "headwise", init: str =
         extra, missing = sorted(tensors.keys() - expected.keys()), sorted(expected.keys() - tensors.keys())
         raise GatedQwenError(
             f"{source} does not have the tensors of a stock {'Qwen3-MoE' if isinstance(config, Qwen3MoeGatedConfig) else 'Qwen3'}: "
-            + "; ".join(f"{what} {', '.join(names[:3])}" for what, names in (("extra", extra), ("missing", missing)) if names)
+            + "; ".join(
+                f"{what} {', '.join(names[:3])}" for what, names in (("extra", extra), ("missing", missing)) if names
+            )
             + " (merge or remove adapters first)"
         )
     for name, tensor in tensors.items():
@@ -339,7 +347,9 @@ def convert_checkpoint(
         output_name="converted checkpoint",
         description="converting",
         check_config=check_config,
-        verify=(lambda source, converted: _max_logit_difference(configs["gated_class"], source, converted)) if verify else None,
+        verify=(lambda source, converted: _max_logit_difference(configs["gated_class"], source, converted))
+        if verify
+        else None,
         dtype=dtype,
         max_shard_size=max_shard_size,
         overwrite=overwrite,

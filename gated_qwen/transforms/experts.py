@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+
 FUSED_GATE_UP = "mlp.experts.gate_up_proj"
 FUSED_DOWN = "mlp.experts.down_proj"
 

@@ -49,12 +49,13 @@ import torch
 from transformers.utils import logging
 
 from ..checkpoint import CONFIG_NAME, check_weights_match_config
+from ..errors import CheckpointError, GatedQwenError
+from ..models.layout import gate_dim, split_query_and_gate
 from ..models.qwen3_gated.configuration_qwen3_gated import Qwen3GatedConfig
 from ..models.qwen3_moe_gated.configuration_qwen3_moe_gated import Qwen3MoeGatedConfig
 from .experts import is_fused_experts, saved_shapes, split_fused_experts
 from .pipeline import TensorMapping, source_config_from_dict, transform_checkpoint
-from ..errors import CheckpointError, GatedQwenError
-from ..models.layout import gate_dim, split_query_and_gate
+
 
 logger = logging.get_logger(__name__)
 
@@ -110,7 +111,9 @@ def check_exportable(config: Qwen3GatedConfig, source: str = "the model") -> Non
         )
     moe = isinstance(config, Qwen3MoeGatedConfig)
     # Qwen3 says per layer type; Qwen3-MoE applies its window (None unless use_sliding_window) to every layer.
-    if any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or ()) or (moe and config.sliding_window):
+    if any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or ()) or (
+        moe and config.sliding_window
+    ):
         raise CheckpointError(
             f"{source} has sliding-window layers (use_sliding_window), which Qwen3.5 does not have; "
             "load it with gated_qwen's Qwen3GatedForCausalLM instead"
@@ -191,17 +194,17 @@ def qwen3_5_config(config_dict: dict, source: str = "the model", dtype: torch.dt
     recorded_dtype = dtype if dtype is not None else config.dtype
     if moe:
         config_class, architecture = Qwen3_5MoeTextConfig, "Qwen3_5MoeForCausalLM"
-        mlp = dict(
-            moe_intermediate_size=config.moe_intermediate_size,
-            shared_expert_intermediate_size=zero_shared_expert_size(config.moe_intermediate_size),
-            num_experts=config.num_experts,
-            num_experts_per_tok=config.num_experts_per_tok,
-            output_router_logits=config.output_router_logits,
-            router_aux_loss_coef=config.router_aux_loss_coef,
-        )
+        mlp = {
+            "moe_intermediate_size": config.moe_intermediate_size,
+            "shared_expert_intermediate_size": zero_shared_expert_size(config.moe_intermediate_size),
+            "num_experts": config.num_experts,
+            "num_experts_per_tok": config.num_experts_per_tok,
+            "output_router_logits": config.output_router_logits,
+            "router_aux_loss_coef": config.router_aux_loss_coef,
+        }
     else:
         config_class, architecture = Qwen3_5TextConfig, "Qwen3_5ForCausalLM"
-        mlp = dict(intermediate_size=config.intermediate_size)
+        mlp = {"intermediate_size": config.intermediate_size}
     exported = config_class(
         **mlp,
         vocab_size=config.vocab_size,
@@ -276,7 +279,9 @@ def export_tensor(name: str, tensor: torch.Tensor, config: Qwen3GatedConfig) -> 
     return [(name, tensor)]
 
 
-def zero_shared_expert(prefix: str, router: torch.Tensor, config: Qwen3MoeGatedConfig) -> list[tuple[str, torch.Tensor]]:
+def zero_shared_expert(
+    prefix: str, router: torch.Tensor, config: Qwen3MoeGatedConfig
+) -> list[tuple[str, torch.Tensor]]:
     """Qwen3.5-MoE's shared expert and its gate for the layer whose MLP is ``prefix`` (``"model.layers.3.mlp."``),
     all zero: the expert's output is 0 and ``sigmoid(0) * 0`` adds exactly nothing. Made beside the router, in its
     dtype and on its device (meta in a plan).
@@ -386,7 +391,9 @@ def export_checkpoint(
         exported["config"] = qwen3_5_config(config_dict, source, target_dtype)
         architecture = (config_dict.get("architectures") or ["Qwen3ForCausalLM"])[0]
         if not architecture.endswith("ForCausalLM"):
-            raise CheckpointError(f"{source} is a {architecture}; only causal language models (...ForCausalLM) can be exported")
+            raise CheckpointError(
+                f"{source} is a {architecture}; only causal language models (...ForCausalLM) can be exported"
+            )
         exported["source_config"] = source_config_from_dict(config_dict, source)
 
     rounding = NormRounding()
@@ -405,7 +412,9 @@ def export_checkpoint(
             map_tensor=lambda name, tensor: export_tensor(name, tensor, config),
             target_shapes=saved_shapes(target, skip=not_saved),  # experts one tensor per expert, as saved
             not_saved=not_saved,
-            write_config=lambda folder: (folder / CONFIG_NAME).write_text(json.dumps(exported_config, indent=2, sort_keys=True) + "\n"),
+            write_config=lambda folder: (folder / CONFIG_NAME).write_text(
+                json.dumps(exported_config, indent=2, sort_keys=True) + "\n"
+            ),
             observe=observe,
             advice="check num_hidden_layers, tie_word_embeddings and the gate keys against the weights",
         )
@@ -490,7 +499,9 @@ def qwen3_5_skeleton(exported_config: dict):
     from transformers import Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig, Qwen3_5TextConfig
 
     moe = exported_config.get("model_type") == Qwen3_5MoeTextConfig.model_type
-    model_class, config_class = (Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig) if moe else (Qwen3_5ForCausalLM, Qwen3_5TextConfig)
+    model_class, config_class = (
+        (Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig) if moe else (Qwen3_5ForCausalLM, Qwen3_5TextConfig)
+    )
     with torch.device("meta"):
         return model_class(config_class.from_dict(exported_config))
 

@@ -45,8 +45,13 @@ from ..checkpoint import (
 from ..checkpoint.outputs import OutputFolder
 from ..errors import CheckpointError
 from ..models.qwen3_gated.configuration_qwen3_gated import Qwen3GatedConfig, normalize_config_dict
-from ..models.qwen3_moe_gated.configuration_qwen3_moe_gated import MOE_MODEL_TYPES, Qwen3MoeGatedConfig, normalize_moe_config_dict
+from ..models.qwen3_moe_gated.configuration_qwen3_moe_gated import (
+    MOE_MODEL_TYPES,
+    Qwen3MoeGatedConfig,
+    normalize_moe_config_dict,
+)
 from ..utils.devices import resolve_dtype
+
 
 logger = logging.get_logger(__name__)
 
@@ -99,7 +104,11 @@ def source_config_from_dict(config_dict: dict, source: str = "the model") -> Qwe
     """Read a config dict as its family's gated config, with one clear error otherwise: a Qwen3 or Qwen3Gated
     one as a Qwen3GatedConfig, a Qwen3-MoE or Qwen3MoeGated one as a Qwen3MoeGatedConfig."""
     if config_dict.get("model_type") in MOE_MODEL_TYPES:
-        config_class, family, config_dict = Qwen3MoeGatedConfig, "Qwen3-MoE", normalize_moe_config_dict(config_dict, source)
+        config_class, family, config_dict = (
+            Qwen3MoeGatedConfig,
+            "Qwen3-MoE",
+            normalize_moe_config_dict(config_dict, source),
+        )
     else:
         config_class, family, config_dict = Qwen3GatedConfig, "Qwen3", normalize_config_dict(config_dict, source)
     try:
@@ -126,12 +135,16 @@ def plan_tensors(
     for name, info in source_tensors.items():
         dtype = SAFETENSORS_DTYPES.get(info.dtype)
         if dtype is None or not dtype.is_floating_point:
-            raise CheckpointError(f"{source}: {name} is stored as {info.dtype}; only floating-point weights can be transformed")
+            raise CheckpointError(
+                f"{source}: {name} is stored as {info.dtype}; only floating-point weights can be transformed"
+            )
         probe = torch.empty(info.shape, dtype=target_dtype or dtype, device="meta")
         try:
             outputs = mapping.map_tensor(name, probe)
         except ValueError as error:
-            raise CheckpointError(f"{source}: {name} has shape {tuple(info.shape)}, which does not fit its config ({error})") from None
+            raise CheckpointError(
+                f"{source}: {name} has shape {tuple(info.shape)}, which does not fit its config ({error})"
+            ) from None
         for out_name, out in outputs:
             if out_name in mapping.not_saved:
                 dropped.append(out_name)
@@ -151,7 +164,9 @@ def plan_tensors(
             for what, found in (("missing", missing), ("unexpected", extra), ("wrong shape", wrong))
             if found
         )
-        raise CheckpointError(f"{source} does not hold the weights its config describes ({problems}); {mapping.advice}")
+        raise CheckpointError(
+            f"{source} does not hold the weights its config describes ({problems}); {mapping.advice}"
+        )
     return TensorPlan(specs, origin, unchanged)
 
 
@@ -222,7 +237,9 @@ def transform_checkpoint(
         return out
 
     with output as staging:  # written whole into a staging folder, put in place at the end
-        files = write_safetensors_checkpoint(staging, plan.specs, produce, max_shard_size, progress, description=description)
+        files = write_safetensors_checkpoint(
+            staging, plan.specs, produce, max_shard_size, progress, description=description
+        )
         mapping.write_config(staging)
         copy_auxiliary_files(folder, staging)
         max_difference = verify(folder, staging) if verify is not None else None

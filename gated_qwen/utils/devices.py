@@ -29,7 +29,9 @@ def resolve_device(name: str = "auto") -> torch.device:
         reason = "this torch build has no CUDA support" if torch.version.cuda is None else "no CUDA GPU is visible"
         raise GatedQwenError(f"device cuda is unavailable: {reason}; use --device cpu (or auto)")
     if name == "mps" and not torch.backends.mps.is_available():
-        raise GatedQwenError("device mps is unavailable: it needs Apple silicon and a torch built with MPS; use --device cpu")
+        raise GatedQwenError(
+            "device mps is unavailable: it needs Apple silicon and a torch built with MPS; use --device cpu"
+        )
     return torch.device(name)
 
 
@@ -62,7 +64,9 @@ def check_attention(attn_implementation: str | None, device: torch.device, dtype
         )
     if attn_implementation == "flash_attention_2":
         if device.type != "cuda":
-            raise GatedQwenError(f"attention flash_attention_2 needs a CUDA device, not {device.type}; use --attn sdpa")
+            raise GatedQwenError(
+                f"attention flash_attention_2 needs a CUDA device, not {device.type}; use --attn sdpa"
+            )
         if not is_flash_attn_2_available():
             raise GatedQwenError(
                 "attention flash_attention_2 needs the flash-attn package (>= 2.3.3), which is not installed: "

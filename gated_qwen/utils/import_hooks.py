@@ -15,6 +15,7 @@ import sys
 from collections.abc import Callable
 from types import ModuleType
 
+
 _PENDING: dict[str, list[Callable[[ModuleType], None]]] = {}
 
 
@@ -74,7 +75,6 @@ def when_imported(module_name: str, callback: Callable[[ModuleType], None]) -> N
     _PENDING.setdefault(module_name, []).append(callback)
     if _FINDER not in sys.meta_path:
         sys.meta_path.insert(0, _FINDER)
-
 
 
 _ALIASES: dict[str, str] = {}

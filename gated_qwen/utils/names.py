@@ -18,7 +18,6 @@ CHECKPOINT_CONVERSION_GATES = (*CONVERSION_GATES, "keep")  # keep: re-save a gat
 CONVERSION_INITS = ("identity", "random")
 
 
-
 def model_label(model: str, subfolder: str, taken: set[str]) -> str:
     """A short unique column name for a model: its subfolder, else the last part of its path or hub id.
 
@@ -38,4 +37,13 @@ def model_label(model: str, subfolder: str, taken: set[str]) -> str:
     return label
 
 
-__all__ = ["ATTENTION_IMPLEMENTATIONS", "CHECKPOINT_CONVERSION_GATES", "CONVERSION_GATES", "CONVERSION_INITS", "DEVICES", "DTYPES", "GATE_TYPES", "model_label"]
+__all__ = [
+    "ATTENTION_IMPLEMENTATIONS",
+    "CHECKPOINT_CONVERSION_GATES",
+    "CONVERSION_GATES",
+    "CONVERSION_INITS",
+    "DEVICES",
+    "DTYPES",
+    "GATE_TYPES",
+    "model_label",
+]

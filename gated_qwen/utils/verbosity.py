@@ -25,7 +25,11 @@ def quiet_transformers(verbose: bool = False) -> Iterator[None]:
     from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
     from transformers.utils import logging
 
-    level, bars, hub_bars_off = logging.get_verbosity(), logging.is_progress_bar_enabled(), are_progress_bars_disabled()
+    level, bars, hub_bars_off = (
+        logging.get_verbosity(),
+        logging.is_progress_bar_enabled(),
+        are_progress_bars_disabled(),
+    )
     logging.set_verbosity_error()
     logging.disable_progress_bar()  # also switches huggingface_hub's bars off: switched back on below
     if not hub_bars_off:

@@ -3,20 +3,20 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import tiny_config
 from safetensors.torch import save_file
-import torch
 
 from gated_qwen.checkpoint import (
     CheckpointTensors,
     TensorInfo,
+    check_q_proj_layout,
     load_pickle_weights,
     local_weight_files,
     read_checkpoint_header,
     resolve_weight_files,
     write_safetensors_checkpoint,
 )
-from gated_qwen.checkpoint import check_q_proj_layout
 from gated_qwen.checkpoint.formats import read_local_safetensors_offsets
 from gated_qwen.errors import CheckpointError
 
@@ -60,7 +60,10 @@ class Payload:
 def test_a_pickle_that_would_run_code_is_refused_and_nothing_runs(tmp_path):
     ran = tmp_path / "payload-ran"
     torch.save({"model.norm.weight": torch.ones(2), "x": Payload(ran)}, tmp_path / "pytorch_model.bin")
-    for read in (lambda: read_checkpoint_header_of_file(tmp_path), lambda: load_pickle_weights(tmp_path / "pytorch_model.bin")):
+    for read in (
+        lambda: read_checkpoint_header_of_file(tmp_path),
+        lambda: load_pickle_weights(tmp_path / "pytorch_model.bin"),
+    ):
         with pytest.raises(CheckpointError, match="pickle that is not plain tensors.*nothing in it ran") as error:
             read()
         assert "pytorch_model.bin" in str(error.value) and "\n" not in str(error.value)
@@ -71,17 +74,25 @@ def test_truncated_pickle_weights_get_one_clear_message(tmp_path):
     torch.save({"a": torch.zeros(100)}, tmp_path / "pytorch_model.bin")
     data = (tmp_path / "pytorch_model.bin").read_bytes()
     (tmp_path / "pytorch_model.bin").write_bytes(data[: len(data) // 2])
-    with pytest.raises(CheckpointError, match="pytorch_model.bin is not a readable PyTorch weights file.*corrupt or truncated"):
+    with pytest.raises(
+        CheckpointError, match="pytorch_model.bin is not a readable PyTorch weights file.*corrupt or truncated"
+    ):
         read_checkpoint_header_of_file(tmp_path)
 
 
 def test_sharded_pickle_weights_are_read_through_their_index(tmp_path):
     torch.save({"a": torch.zeros(2, 3)}, tmp_path / "pytorch_model-00001-of-00002.bin")
     torch.save({"b": torch.ones(4)}, tmp_path / "pytorch_model-00002-of-00002.bin")
-    index = {"metadata": {}, "weight_map": {"a": "pytorch_model-00001-of-00002.bin", "b": "pytorch_model-00002-of-00002.bin"}}
+    index = {
+        "metadata": {},
+        "weight_map": {"a": "pytorch_model-00001-of-00002.bin", "b": "pytorch_model-00002-of-00002.bin"},
+    }
     (tmp_path / "pytorch_model.bin.index.json").write_text(json.dumps(index))
     (tmp_path / "config.json").write_text("{}")
-    assert [Path(f).name for f in resolve_weight_files(tmp_path)] == ["pytorch_model-00001-of-00002.bin", "pytorch_model-00002-of-00002.bin"]
+    assert [Path(f).name for f in resolve_weight_files(tmp_path)] == [
+        "pytorch_model-00001-of-00002.bin",
+        "pytorch_model-00002-of-00002.bin",
+    ]
     assert {k: v.shape for k, v in read_checkpoint_header(tmp_path).tensors.items()} == {"a": (2, 3), "b": (4,)}
     assert torch.equal(CheckpointTensors(local_weight_files(tmp_path)).get("b"), torch.ones(4))
 
@@ -114,7 +125,9 @@ def test_streamed_writer_shards_and_copies_stored_bytes(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     produce = {"a": stored.stored, "b": lambda name: stored.get(name) * 2, "c": stored.stored}
-    files = write_safetensors_checkpoint(out, plan, lambda name: produce[name](name), max_shard_size=30, progress=False)
+    files = write_safetensors_checkpoint(
+        out, plan, lambda name: produce[name](name), max_shard_size=30, progress=False
+    )
     assert len(files) > 1 and (out / "model.safetensors.index.json").is_file()
     written = {k: v for f in files for k, v in load_file(out / f).items()}
     assert torch.equal(written["a"], source["a"]) and torch.equal(written["b"], source["b"] * 2)
@@ -125,7 +138,10 @@ def test_sharded_checkpoints_are_read_through_their_index(tmp_path):
     tensors = {"a": torch.zeros(2, 3), "b": torch.zeros(4)}
     save_file({"a": tensors["a"]}, str(tmp_path / "model-00001-of-00002.safetensors"))
     save_file({"b": tensors["b"]}, str(tmp_path / "model-00002-of-00002.safetensors"))
-    index = {"metadata": {}, "weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}
+    index = {
+        "metadata": {},
+        "weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"},
+    }
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
     (tmp_path / "config.json").write_text("{}")
     assert len(resolve_weight_files(tmp_path)) == 2
@@ -176,5 +192,7 @@ def test_layout_check_names_layer_shapes_and_implied_gate(released_checkpoint):
     folder, _ = released_checkpoint(gate="elementwise")
     tensors = read_checkpoint_header(folder).tensors
     check_q_proj_layout(tiny_config(gate="elementwise"), tensors)
-    with pytest.raises(CheckpointError, match=r"q_proj.weight has shape \(64, 32\).*expects \(36, 32\).*'elementwise' gate"):
+    with pytest.raises(
+        CheckpointError, match=r"q_proj.weight has shape \(64, 32\).*expects \(36, 32\).*'elementwise' gate"
+    ):
         check_q_proj_layout(tiny_config(gate="headwise"), tensors)

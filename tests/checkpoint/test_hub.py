@@ -10,9 +10,9 @@ import time
 import pytest
 from conftest import write_released_checkpoint
 
+from gated_qwen.checkpoint.hub import _repository_files, resolve_source
 from gated_qwen.cli import main
 from gated_qwen.errors import GatedQwenError
-from gated_qwen.checkpoint.hub import _repository_files, resolve_source
 
 
 @pytest.fixture(autouse=True)
@@ -30,7 +30,9 @@ def test_local_sources(tmp_path):
         resolve_source("./missing_dir")
     with pytest.raises(GatedQwenError, match="weights.safetensors is a file, not a folder"):
         resolve_source(str(tmp_path / "weights.safetensors"))
-    with pytest.raises(GatedQwenError, match=r"has no subfolder '1B_baseline'; it holds 1B_gate_headwise: pass one with --subfolder"):
+    with pytest.raises(
+        GatedQwenError, match=r"has no subfolder '1B_baseline'; it holds 1B_gate_headwise: pass one with --subfolder"
+    ):
         resolve_source(str(tmp_path / "arms"), "1B_baseline")
 
 
@@ -44,10 +46,16 @@ def offline(monkeypatch, tmp_path):
 
 
 def test_offline_without_a_cached_copy_says_so(offline):
-    with pytest.raises(GatedQwenError, match=r"QwQZh/gated_attention \(subfolder 1B_gate_headwise\) is not in the local hub cache.*HF_HUB_OFFLINE=1"):
+    with pytest.raises(
+        GatedQwenError,
+        match=r"QwQZh/gated_attention \(subfolder 1B_gate_headwise\) is not in the local hub cache.*HF_HUB_OFFLINE=1",
+    ):
         resolve_source("QwQZh/gated_attention", "1B_gate_headwise")
     # a single name could have been meant as a local folder: both readings are named
-    with pytest.raises(GatedQwenError, match="^there is no local folder missing_dir, and as a hub id: missing_dir is not in the local hub cache"):
+    with pytest.raises(
+        GatedQwenError,
+        match="^there is no local folder missing_dir, and as a hub id: missing_dir is not in the local hub cache",
+    ):
         resolve_source("missing_dir")
     # with the repository in the cache, offline is fine
     snapshot = offline / "models--QwQZh--gated_attention" / "snapshots" / "abc123" / "1B_gate_headwise"
@@ -65,7 +73,11 @@ class FakeHub(http.server.BaseHTTPRequestHandler):
         if "/api/models/QwQZh/gated_attention" in self.path and "/revision/nope" in self.path:
             self.answer(404, {"X-Error-Code": "RevisionNotFound"}, {"error": "Invalid rev id: nope"})
         elif "/api/models/QwQZh/gated_attention" in self.path:
-            files = [f"{arm}/{name}" for arm in ("1B_baseline", "1B_gate_headwise") for name in ("config.json", "pytorch_model.bin")]
+            files = [
+                f"{arm}/{name}"
+                for arm in ("1B_baseline", "1B_gate_headwise")
+                for name in ("config.json", "pytorch_model.bin")
+            ]
             self.answer(200, {}, {"id": "QwQZh/gated_attention", "siblings": [{"rfilename": name} for name in files]})
         elif "/api/models/meta/gated" in self.path:
             self.answer(401, {"X-Error-Code": "GatedRepo"}, {"error": "Access to model meta/gated is restricted."})
@@ -111,7 +123,10 @@ def fake_hub(hub_at):
 def test_hub_answers_become_one_line_each(fake_hub):
     assert resolve_source("QwQZh/gated_attention", "1B_gate_headwise") is None
     cases = [
-        (("QwQZh/gated_attention", "1B_gate_elementwise"), r"has no subfolder '1B_gate_elementwise' with a config.json; it holds 1B_baseline, 1B_gate_headwise"),
+        (
+            ("QwQZh/gated_attention", "1B_gate_elementwise"),
+            r"has no subfolder '1B_gate_elementwise' with a config.json; it holds 1B_baseline, 1B_gate_headwise",
+        ),
         (("QwQZh/no_such_repo", ""), r"QwQZh/no_such_repo is neither a local folder nor a repository on the hub"),
         (("meta/gated", ""), r"meta/gated is a gated repository: accept its terms"),
         (("QwQZh/gated_attention", "1B_baseline", "nope"), r"QwQZh/gated_attention has no revision 'nope' on the hub"),
@@ -129,7 +144,10 @@ def test_an_unreachable_hub_is_reported_at_once(hub_at):
         port = probe.getsockname()[1]
     hub_at(f"http://127.0.0.1:{port}")
     start = time.perf_counter()
-    with pytest.raises(GatedQwenError, match=r"QwQZh/gated_attention \(subfolder 1B_baseline\) cannot be read: the hub .* cannot be reached"):
+    with pytest.raises(
+        GatedQwenError,
+        match=r"QwQZh/gated_attention \(subfolder 1B_baseline\) cannot be read: the hub .* cannot be reached",
+    ):
         resolve_source("QwQZh/gated_attention", "1B_baseline")
     assert time.perf_counter() - start < 5  # no retries (huggingface_hub's downloads retry for about 25 s)
 

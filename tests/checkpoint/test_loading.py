@@ -23,6 +23,7 @@ from gated_qwen import Qwen3GatedConfig, Qwen3GatedForCausalLM
 from gated_qwen.checkpoint.loading import install_strict_loading
 from gated_qwen.errors import CheckpointError
 
+
 REPO = Path(__file__).resolve().parents[2]
 MODELING = REPO / "gated_qwen" / "models" / "qwen3_gated" / "modeling_qwen3_gated.py"
 
@@ -87,7 +88,10 @@ def test_the_strict_loader_is_installed_when_transformers_was_imported_first(tmp
     write_released_checkpoint(tmp_path, gate="headwise")
     edited(tmp_path, model_type="qwen3_gated", headwise_attn_output_gate=False, elementwise_attn_output_gate=True)
     result = subprocess.run(
-        [sys.executable, "-c", AUTO_FIRST, str(tmp_path)], capture_output=True, text=True, timeout=300,
+        [sys.executable, "-c", AUTO_FIRST, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
         env={"PYTHONPATH": f"{REPO}:{REPO / 'tests'}", "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"},
     )
     assert result.returncode == 0, result.stderr[-3000:]

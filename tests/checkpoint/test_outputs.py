@@ -14,11 +14,19 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import write_tiny_tokenizer
 
 from gated_qwen.checkpoint import outputs
-from gated_qwen.checkpoint.outputs import OutputError, OutputFolder, find_leftovers, output_file, remove_stale, scratch_folder, write_text
+from gated_qwen.checkpoint.outputs import (
+    OutputError,
+    OutputFolder,
+    find_leftovers,
+    output_file,
+    remove_stale,
+    scratch_folder,
+    write_text,
+)
 
-from conftest import write_tiny_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -213,8 +221,15 @@ def stock(tmp_path_factory):
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     folder = tmp_path_factory.mktemp("stock") / "qwen3"
-    config = Qwen3Config(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+    config = Qwen3Config(
+        vocab_size=300,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+    )
     Qwen3ForCausalLM(config).save_pretrained(folder)
     write_tiny_tokenizer(folder)
     return folder
@@ -261,8 +276,12 @@ def test_a_convert_killed_while_writing_shards_is_cleaned_up_by_the_next(stock, 
         "main(sys.argv[1:])\n"
     )
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
-    done = subprocess.run([sys.executable, "-c", killed, "convert", str(stock), str(tmp_path / "dst"), "--quiet"],
-                          env=env, capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-c", killed, "convert", str(stock), str(tmp_path / "dst"), "--quiet"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == -9
     [left] = find_leftovers(tmp_path)
     assert left.status == "gone" and not (tmp_path / "dst").exists()

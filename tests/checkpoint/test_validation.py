@@ -26,12 +26,23 @@ from gated_qwen.checkpoint.validation import SHAPE_RULES
 from gated_qwen.errors import CheckpointError
 from gated_qwen.models.qwen3_gated import modeling_qwen3_gated
 
+
 REPO = Path(__file__).resolve().parents[2]
-ARM = {"gate": "headwise", "hidden_size": 64, "vocab_size": 320, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16}
+ARM = {
+    "gate": "headwise",
+    "hidden_size": 64,
+    "vocab_size": 320,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+}
 
 # The issue's table: the key edited, its value, and what the message must say about it.
 ROWS = {
-    "20,000 layers": ({"num_hidden_layers": 20000}, "config.json says num_hidden_layers 20000, but the checkpoint holds 2 layers"),
+    "20,000 layers": (
+        {"num_hidden_layers": 20000},
+        "config.json says num_hidden_layers 20000, but the checkpoint holds 2 layers",
+    ),
     "vocabulary 500,000,000": (
         {"vocab_size": 500_000_000},
         "config.json says vocab_size 500000000, but model.embed_tokens.weight is (320, 64), not (500000000, 64)",
@@ -44,7 +55,10 @@ ROWS = {
         {"num_key_value_heads": 4},
         "config.json says num_key_value_heads 4 and head_dim 16, but model.layers.0.self_attn.k_proj.weight is (32, 64), not (64, 64)",
     ),
-    "1 layer": ({"num_hidden_layers": 1}, "config.json says num_hidden_layers 1, but the checkpoint holds 2 layers, up to model.layers.1"),
+    "1 layer": (
+        {"num_hidden_layers": 1},
+        "config.json says num_hidden_layers 1, but the checkpoint holds 2 layers, up to model.layers.1",
+    ),
 }
 
 
@@ -79,7 +93,9 @@ def no_model_built(monkeypatch):
     """Building the decoder fails the test: the refusal must come from the headers, before construction."""
 
     def refuse(self, config):
-        raise AssertionError(f"a model was built for {config.num_hidden_layers} layers, vocabulary {config.vocab_size}")
+        raise AssertionError(
+            f"a model was built for {config.num_hidden_layers} layers, vocabulary {config.vocab_size}"
+        )
 
     monkeypatch.setattr(modeling_qwen3_gated.Qwen3GatedModel, "__init__", refuse)
 
@@ -105,7 +121,9 @@ def test_the_arm_itself_loads(arm):
 
 
 @pytest.mark.parametrize("row", ROWS)
-def test_each_row_of_the_issue_is_refused_by_from_pretrained_before_anything_is_built(edited_arm, row, no_model_built, deadline):
+def test_each_row_of_the_issue_is_refused_by_from_pretrained_before_anything_is_built(
+    edited_arm, row, no_model_built, deadline
+):
     changes, message = ROWS[row]
     folder = edited_arm(**changes)
     with pytest.raises(CheckpointError) as error:
@@ -117,7 +135,9 @@ def test_each_row_of_the_issue_is_refused_by_from_pretrained_before_anything_is_
 
 def test_strict_false_leaves_it_to_transformers(edited_arm):
     # transformers loads the first layer and drops the second, and says so
-    model, info = Qwen3GatedForCausalLM.from_pretrained(edited_arm(num_hidden_layers=1), strict=False, output_loading_info=True)
+    model, info = Qwen3GatedForCausalLM.from_pretrained(
+        edited_arm(num_hidden_layers=1), strict=False, output_loading_info=True
+    )
     assert len(model.model.layers) == 1 and any(key.startswith("model.layers.1.") for key in info["unexpected_keys"])
 
 
@@ -140,7 +160,10 @@ def test_a_safetensors_arm_and_a_bin_arm_are_read_alike(tmp_path, weights, no_mo
     """The .bin's shapes come from its pickle read without data; the safetensors' from its header."""
     write_released_checkpoint(tmp_path, weights=weights, **ARM)
     edit_config(tmp_path, num_key_value_heads=4)
-    with pytest.raises(CheckpointError, match=r"num_key_value_heads 4 and head_dim 16, but model\.layers\.0\.self_attn\.k_proj\.weight is \(32, 64\)"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"num_key_value_heads 4 and head_dim 16, but model\.layers\.0\.self_attn\.k_proj\.weight is \(32, 64\)",
+    ):
         Qwen3GatedForCausalLM.from_pretrained(tmp_path)
 
 
@@ -162,7 +185,10 @@ def test_a_sharded_checkpoint_that_disagrees_in_its_second_shard_only(tmp_path, 
     tensors = dict(spec["tensors"])
     tensors["model.layers.1.mlp.up_proj.weight"] = torch.zeros(96, 64)  # the config says intermediate_size 128
     write_two_shards(tmp_path, tensors)
-    with pytest.raises(CheckpointError, match=r"intermediate_size 128, but model\.layers\.1\.mlp\.up_proj\.weight is \(96, 64\), not \(128, 64\)"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"intermediate_size 128, but model\.layers\.1\.mlp\.up_proj\.weight is \(96, 64\), not \(128, 64\)",
+    ):
         Qwen3GatedForCausalLM.from_pretrained(tmp_path)
 
 
@@ -177,10 +203,22 @@ def test_a_sharded_checkpoint_that_agrees_loads(tmp_path):
 @pytest.mark.parametrize(
     "changes, message",
     [
-        ({"qkv_bias": True}, r"config.json says qkv_bias True, but the checkpoint lacks weights the model needs: model\.layers\.0\.self_attn\.k_proj\.bias"),
-        ({"use_qk_norm": False}, r"config.json says use_qk_norm False, but the checkpoint has model\.layers\.0\.self_attn\.k_norm\.weight.*no place for"),
-        ({"head_dim": 8}, r"q_proj\.weight has shape \(68, 64\) but the config \(gate type 'headwise', 4 heads of dim 8\) expects \(36, 64\)"),
-        ({"hidden_size": 128}, r"config.json says hidden_size 128, but model\.embed_tokens\.weight is \(320, 64\), not \(320, 128\) \(and \d+ more disagreements\)"),
+        (
+            {"qkv_bias": True},
+            r"config.json says qkv_bias True, but the checkpoint lacks weights the model needs: model\.layers\.0\.self_attn\.k_proj\.bias",
+        ),
+        (
+            {"use_qk_norm": False},
+            r"config.json says use_qk_norm False, but the checkpoint has model\.layers\.0\.self_attn\.k_norm\.weight.*no place for",
+        ),
+        (
+            {"head_dim": 8},
+            r"q_proj\.weight has shape \(68, 64\) but the config \(gate type 'headwise', 4 heads of dim 8\) expects \(36, 64\)",
+        ),
+        (
+            {"hidden_size": 128},
+            r"config.json says hidden_size 128, but model\.embed_tokens\.weight is \(320, 64\), not \(320, 128\) \(and \d+ more disagreements\)",
+        ),
         ({"num_hidden_layers": 3}, r"config.json says num_hidden_layers 3, but the checkpoint holds 2 layers\."),
     ],
     ids=["biases", "qk-norm", "head_dim", "hidden", "a layer short"],
@@ -191,10 +229,16 @@ def test_other_disagreements_name_their_key(edited_arm, changes, message, no_mod
 
 
 def test_a_layer_missing_in_the_middle_is_named(arm):
-    tensors = {name: TensorInfo(tuple(t.shape), "F32") for name, t in torch.load(arm / "pytorch_model.bin", weights_only=True).items()}
+    tensors = {
+        name: TensorInfo(tuple(t.shape), "F32")
+        for name, t in torch.load(arm / "pytorch_model.bin", weights_only=True).items()
+    }
     renamed = {name.replace("layers.1.", "layers.2."): info for name, info in tensors.items()}  # layers 0 and 2 of 3
     config = Qwen3GatedConfig.from_pretrained(arm, num_hidden_layers=3)
-    assert weight_disagreements(config, renamed)[0] == "config.json says num_hidden_layers 3, but the checkpoint holds 2 layers (none numbered 1)"
+    assert (
+        weight_disagreements(config, renamed)[0]
+        == "config.json says num_hidden_layers 3, but the checkpoint holds 2 layers (none numbered 1)"
+    )
 
 
 # ---------------------------------------------------------------------------------------------- the real arms' configs
@@ -203,7 +247,12 @@ def test_a_layer_missing_in_the_middle_is_named(arm):
 def released_header(config: dict) -> dict[str, TensorInfo]:
     """The tensor names and shapes of a released arm, written out from the released format (shared/RELEASED_FORMAT.md)
     by hand, not through the rule under test; no tensor is allocated."""
-    H, K, D, h = config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"], config["hidden_size"]
+    H, K, D, h = (
+        config["num_attention_heads"],
+        config["num_key_value_heads"],
+        config["head_dim"],
+        config["hidden_size"],
+    )
     V, inner = config["vocab_size"], config["intermediate_size"]
     g = D if config["elementwise_attn_output_gate"] else int(config["headwise_attn_output_gate"])
     header = {"model.embed_tokens.weight": (V, h), "model.norm.weight": (h,)}
@@ -230,8 +279,13 @@ def test_the_real_arms_configs_pass_against_their_own_headers(name):
     check_weights_match_config(config, header, name)
     # ... and the same header under a sibling arm's gate is refused (the check is not vacuous here)
     other = "elementwise" if config.gate_type != "elementwise" else "headwise"
-    sibling = Qwen3GatedConfig.from_dict({**config_dict, "headwise_attn_output_gate": other == "headwise",
-                                          "elementwise_attn_output_gate": other == "elementwise"})
+    sibling = Qwen3GatedConfig.from_dict(
+        {
+            **config_dict,
+            "headwise_attn_output_gate": other == "headwise",
+            "elementwise_attn_output_gate": other == "elementwise",
+        }
+    )
     with pytest.raises(CheckpointError, match="q_proj"):
         check_weights_match_config(sibling, header, name)
 
@@ -241,7 +295,10 @@ def test_the_real_arms_configs_pass_against_their_own_headers(name):
 
 def test_another_model_type_adds_its_shapes_without_changing_the_check(arm):
     dense = Qwen3GatedConfig.from_pretrained(arm)
-    tensors = {name: TensorInfo(tuple(t.shape), "F32") for name, t in torch.load(arm / "pytorch_model.bin", weights_only=True).items()}
+    tensors = {
+        name: TensorInfo(tuple(t.shape), "F32")
+        for name, t in torch.load(arm / "pytorch_model.bin", weights_only=True).items()
+    }
     for layer in range(2):  # the dense MLP replaced by a router and two experts
         for part in ("gate_proj", "up_proj", "down_proj"):
             del tensors[f"model.layers.{layer}.mlp.{part}.weight"]
@@ -254,23 +311,46 @@ def test_another_model_type_adds_its_shapes_without_changing_the_check(arm):
 
     # The MoE family's rule reads the same tensors through the same check.
     assert "qwen3_moe_gated" in SHAPE_RULES
-    moe = SimpleNamespace(**{k: getattr(dense, k) for k in (
-        "num_hidden_layers", "hidden_size", "vocab_size", "num_attention_heads", "num_key_value_heads", "head_dim",
-        "gate_type", "attention_bias", "use_qk_norm", "intermediate_size")}, model_type="qwen3_moe_gated",
-        moe_intermediate_size=32, num_experts=2, mlp_only_layers=[], decoder_sparse_step=1)
+    moe = SimpleNamespace(
+        **{
+            k: getattr(dense, k)
+            for k in (
+                "num_hidden_layers",
+                "hidden_size",
+                "vocab_size",
+                "num_attention_heads",
+                "num_key_value_heads",
+                "head_dim",
+                "gate_type",
+                "attention_bias",
+                "use_qk_norm",
+                "intermediate_size",
+            )
+        },
+        model_type="qwen3_moe_gated",
+        moe_intermediate_size=32,
+        num_experts=2,
+        mlp_only_layers=[],
+        decoder_sparse_step=1,
+    )
     assert weight_disagreements(moe, tensors) == []
     # a third expert the config does not count, and a missing one, are both named
     extra = {**tensors, "model.layers.0.mlp.experts.2.up_proj.weight": TensorInfo((32, 64), "F32")}
     assert any("experts.2.up_proj" in s and "num_experts 2" in s for s in weight_disagreements(moe, extra))
     lacking = {k: v for k, v in tensors.items() if k != "model.layers.1.mlp.experts.1.down_proj.weight"}
-    assert any("lacks" in s and "model.layers.1.mlp.experts.1.down_proj.weight" in s for s in weight_disagreements(moe, lacking))
+    assert any(
+        "lacks" in s and "model.layers.1.mlp.experts.1.down_proj.weight" in s
+        for s in weight_disagreements(moe, lacking)
+    )
     # its attention is still the dense rule's: a wrong kv head count is still found
     assert weight_disagreements(SimpleNamespace(**{**vars(moe), "num_key_value_heads": 4}), tensors)[0].startswith(
         "config.json says num_key_value_heads 4 and head_dim 16"
     )
 
 
-def test_a_billion_layers_is_refused_before_the_config_object_is_built(edited_arm, monkeypatch, no_model_built, deadline):
+def test_a_billion_layers_is_refused_before_the_config_object_is_built(
+    edited_arm, monkeypatch, no_model_built, deadline
+):
     """transformers' config makes and validates a list of num_hidden_layers attention types (8 GB for a
     billion): the layer count is compared with the headers from config.json's number, before that."""
 
@@ -279,9 +359,13 @@ def test_a_billion_layers_is_refused_before_the_config_object_is_built(edited_ar
 
     folder = edited_arm(num_hidden_layers=10**9)
     monkeypatch.setattr(Qwen3GatedConfig, "__post_init__", refuse)
-    with pytest.raises(CheckpointError, match="config.json says num_hidden_layers 1000000000, but the checkpoint holds 2 layers"):
+    with pytest.raises(
+        CheckpointError, match="config.json says num_hidden_layers 1000000000, but the checkpoint holds 2 layers"
+    ):
         Qwen3GatedForCausalLM.from_pretrained(folder)
     from gated_qwen.cli.inspect import describe
 
-    with pytest.raises(CheckpointError, match="config.json says num_hidden_layers 1000000000, but the checkpoint holds 2 layers"):
+    with pytest.raises(
+        CheckpointError, match="config.json says num_hidden_layers 1000000000, but the checkpoint holds 2 layers"
+    ):
         describe(str(folder))

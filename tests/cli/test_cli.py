@@ -10,6 +10,7 @@ import pytest
 
 from gated_qwen.cli import build_parser, main
 
+
 COMMANDS = ("analyze", "bench", "convert", "eval", "export", "generate", "inspect", "train")
 
 # Runs in a fresh interpreter: every --help and --version, then reports which heavy modules got imported.
@@ -28,9 +29,16 @@ print(json.dumps({{name: name in sys.modules for name in ("torch", "transformers
 
 def test_help_and_version_import_neither_torch_nor_transformers():
     argvs = [["--version"], ["--help"], *[[command, "--help"] for command in COMMANDS]]
-    result = subprocess.run([sys.executable, "-c", PROBE.format(argvs=argvs)], capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", PROBE.format(argvs=argvs)], capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout.strip().splitlines()[-1]) == {"torch": False, "transformers": False, "lm_eval": False, "peft": False}
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == {
+        "torch": False,
+        "transformers": False,
+        "lm_eval": False,
+        "peft": False,
+    }
 
 
 def test_every_command_module_is_listed():

@@ -20,13 +20,33 @@ from conftest import write_released_checkpoint, write_tiny_tokenizer
 from gated_qwen.cli import main
 from gated_qwen.models.qwen3_gated import modeling_qwen3_gated
 
-ARM = {"gate": "headwise", "hidden_size": 64, "vocab_size": 320, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16}
+
+ARM = {
+    "gate": "headwise",
+    "hidden_size": 64,
+    "vocab_size": 320,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+}
 
 ROWS = {
-    "20,000 layers": ({"num_hidden_layers": 20000}, "config.json says num_hidden_layers 20000, but the checkpoint holds 2 layers"),
-    "vocabulary 500,000,000": ({"vocab_size": 500_000_000}, "config.json says vocab_size 500000000, but model.embed_tokens.weight is (320, 64)"),
-    "MLP 50,000,000": ({"intermediate_size": 50_000_000}, "config.json says intermediate_size 50000000, but model.layers.0.mlp.down_proj.weight is (64, 128)"),
-    "4 kv heads": ({"num_key_value_heads": 4}, "config.json says num_key_value_heads 4 and head_dim 16, but model.layers.0.self_attn.k_proj.weight is (32, 64)"),
+    "20,000 layers": (
+        {"num_hidden_layers": 20000},
+        "config.json says num_hidden_layers 20000, but the checkpoint holds 2 layers",
+    ),
+    "vocabulary 500,000,000": (
+        {"vocab_size": 500_000_000},
+        "config.json says vocab_size 500000000, but model.embed_tokens.weight is (320, 64)",
+    ),
+    "MLP 50,000,000": (
+        {"intermediate_size": 50_000_000},
+        "config.json says intermediate_size 50000000, but model.layers.0.mlp.down_proj.weight is (64, 128)",
+    ),
+    "4 kv heads": (
+        {"num_key_value_heads": 4},
+        "config.json says num_key_value_heads 4 and head_dim 16, but model.layers.0.self_attn.k_proj.weight is (32, 64)",
+    ),
     "1 layer": ({"num_hidden_layers": 1}, "config.json says num_hidden_layers 1, but the checkpoint holds 2 layers"),
 }
 
@@ -38,7 +58,19 @@ WAYS = {
     "generate": ["generate", "--model", "{arm}", "--device", "cpu", "--max-new-tokens", "2", "Hello"],
     "analyze": ["analyze", "{arm}", "--prompt", "Hello world", "--out", "{out}", "--no-plots", "--device", "cpu"],
     "eval": ["eval", "{arm}", "--tasks", "hellaswag", "--limit", "2", "--device", "cpu"],
-    "train": ["train", "--train-file", "{corpus}", "--out", "{out}", "--max-steps", "1", "--threads", "1", "--init-from", "{arm}"],
+    "train": [
+        "train",
+        "--train-file",
+        "{corpus}",
+        "--out",
+        "{out}",
+        "--max-steps",
+        "1",
+        "--threads",
+        "1",
+        "--init-from",
+        "{arm}",
+    ],
 }
 
 
@@ -65,7 +97,9 @@ def guarded(monkeypatch):
     """Building the model fails the test; so does running for more than 60 s (SIGALRM, main thread)."""
 
     def refuse(self, config):
-        raise AssertionError(f"a model was built for {config.num_hidden_layers} layers, vocabulary {config.vocab_size}")
+        raise AssertionError(
+            f"a model was built for {config.num_hidden_layers} layers, vocabulary {config.vocab_size}"
+        )
 
     monkeypatch.setattr(modeling_qwen3_gated.Qwen3GatedModel, "__init__", refuse)
 

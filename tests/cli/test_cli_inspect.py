@@ -4,9 +4,9 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-import gated_qwen
 from conftest import write_released_arm
 
+import gated_qwen
 from gated_qwen.cli import main
 
 
@@ -18,7 +18,9 @@ def test_inspect_prints_the_facts_of_a_released_checkpoint(released_checkpoint, 
     assert main(["inspect", str(folder), "--json"]) == 0
     facts = json.loads(capsys.readouterr().out)
     assert facts["parameters"] == sum(t.numel() for t in spec["tensors"].values())
-    assert facts["gate_type"] == "headwise" and facts["num_hidden_layers"] == 2 and facts["weight_dtypes"] == ["float32"]
+    assert (
+        facts["gate_type"] == "headwise" and facts["num_hidden_layers"] == 2 and facts["weight_dtypes"] == ["float32"]
+    )
     # as on the hub: model_type qwen2, one pytorch_model.bin whose shapes were read from its pickle
     assert facts["model_type"] == "qwen2" and facts["kind"] == "gated-attention release"
     assert facts["weights_format"] == "pytorch" and facts["shapes_checked"] is True and facts["files"] == 1
@@ -38,13 +40,22 @@ def test_inspect_a_released_arm_on_the_hub_without_downloading_its_bin(tmp_path,
         return str(arm / filename)
 
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download)
-    monkeypatch.setattr(huggingface_hub.HfApi, "list_repo_tree",
-                        lambda self, repo_id, path_in_repo=None, **k: [SimpleNamespace(path=p, size=n) for p, n in listing.items()])
-    monkeypatch.setattr("gated_qwen.checkpoint.sources.resolve_source", lambda *args: None)  # the hub probe (tests/checkpoint/test_hub.py)
+    monkeypatch.setattr(
+        huggingface_hub.HfApi,
+        "list_repo_tree",
+        lambda self, repo_id, path_in_repo=None, **k: [SimpleNamespace(path=p, size=n) for p, n in listing.items()],
+    )
+    monkeypatch.setattr(
+        "gated_qwen.checkpoint.sources.resolve_source", lambda *args: None
+    )  # the hub probe (tests/checkpoint/test_hub.py)
     assert main(["inspect", "QwQZh/gated_attention", "--subfolder", arm.name, "--json"]) == 0
     facts = json.loads(capsys.readouterr().out)
     assert fetched == [f"{arm.name}/config.json"]
-    assert facts["gate_type"] == "elementwise" and facts["shapes_checked"] is False and facts["weights_format"] == "pytorch"
+    assert (
+        facts["gate_type"] == "elementwise"
+        and facts["shapes_checked"] is False
+        and facts["weights_format"] == "pytorch"
+    )
     assert facts["parameters"] == sum(t.numel() for t in spec["tensors"].values())
     assert facts["weight_bytes"] == (arm / "pytorch_model.bin").stat().st_size
     assert main(["inspect", "QwQZh/gated_attention", "--subfolder", arm.name]) == 0
@@ -54,8 +65,16 @@ def test_inspect_a_released_arm_on_the_hub_without_downloading_its_bin(tmp_path,
 def test_inspect_refuses_a_genuine_qwen2(tmp_path, capsys):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    Qwen2ForCausalLM(Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                 num_attention_heads=4, num_key_value_heads=2)).save_pretrained(tmp_path / "qwen2")
+    Qwen2ForCausalLM(
+        Qwen2Config(
+            vocab_size=64,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+        )
+    ).save_pretrained(tmp_path / "qwen2")
     capsys.readouterr()
     assert main(["inspect", str(tmp_path / "qwen2")]) == 2
     err = capsys.readouterr().err

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from gated_qwen.cli import build_parser
 
+
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
 
 

@@ -23,7 +23,9 @@ def test_reads_every_key_of_a_released_config(gate):
 
 
 def test_a_stock_qwen3_config_means_no_gate(tmp_path):
-    Qwen3Config(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8, attention_bias=True).save_pretrained(tmp_path)
+    Qwen3Config(
+        hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8, attention_bias=True
+    ).save_pretrained(tmp_path)
     config = Qwen3GatedConfig.from_pretrained(tmp_path)
     assert config.gate_type == "none" and config.qkv_bias is True and config.use_qk_norm is True
 
@@ -36,7 +38,10 @@ def test_gate_type_is_read_only():
 @pytest.mark.parametrize(
     "kwargs,keys",
     [
-        ({"headwise_attn_output_gate": True, "elementwise_attn_output_gate": True}, ["headwise_attn_output_gate", "elementwise_attn_output_gate"]),
+        (
+            {"headwise_attn_output_gate": True, "elementwise_attn_output_gate": True},
+            ["headwise_attn_output_gate", "elementwise_attn_output_gate"],
+        ),
         ({"num_attention_heads": 6, "num_key_value_heads": 4}, ["num_attention_heads", "num_key_value_heads"]),
     ],
 )
@@ -66,8 +71,16 @@ def test_another_model_type_is_refused(tmp_path):
 
 
 def test_released_config_is_read_by_its_keys_whatever_its_model_type():
-    released = {"model_type": "qwen2", "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
-                "headwise_attn_output_gate": True, "use_qk_norm": True, "use_sliding_window": False, "max_window_layers": 28}
+    released = {
+        "model_type": "qwen2",
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "headwise_attn_output_gate": True,
+        "use_qk_norm": True,
+        "use_sliding_window": False,
+        "max_window_layers": 28,
+    }
     config = Qwen3GatedConfig.from_dict(released)
     assert config.gate_type == "headwise" and config.head_dim == 16  # hidden / heads, not Qwen3's 128
     assert config.layer_types == ["full_attention"] * config.num_hidden_layers
@@ -85,12 +98,17 @@ def test_a_genuine_qwen2_config_is_refused_naming_what_it_is(tmp_path):
 
 @pytest.mark.parametrize(
     "name, gate, parameters",
-    [("1B_baseline", "none", 1720.8e6), ("1B_gate_headwise", "headwise", 1721.8e6), ("1B_gate_elementwise", "elementwise", 1728.2e6)],
+    [
+        ("1B_baseline", "none", 1720.8e6),
+        ("1B_gate_headwise", "headwise", 1721.8e6),
+        ("1B_gate_elementwise", "elementwise", 1728.2e6),
+    ],
 )
 def test_released_arm_configs_give_the_measured_parameter_counts(name, gate, parameters):
     """configs/1B_*.json against the parameter counts measured on the downloaded arms (docs/released-format.md)."""
-    import torch
     from pathlib import Path
+
+    import torch
 
     from gated_qwen import Qwen3GatedForCausalLM
 
@@ -108,15 +126,30 @@ def test_released_arm_configs_give_the_measured_parameter_counts(name, gate, par
         ({"vocab_size": 0}, "says vocab_size 0, which makes no model"),
         ({"hidden_size": -64}, "says hidden_size -64, which makes no model"),
         ({"num_hidden_layers": 0}, "says num_hidden_layers 0, which makes no model"),
-        ({"intermediate_size": 128.5}, "says intermediate_size 128.5, which makes no model: it must be a positive integer"),
+        (
+            {"intermediate_size": 128.5},
+            "says intermediate_size 128.5, which makes no model: it must be a positive integer",
+        ),
         ({"num_attention_heads": 0}, "says num_attention_heads 0, which makes no model"),  # not a ZeroDivisionError
         ({"num_key_value_heads": "2"}, "says num_key_value_heads '2', which makes no model"),
         ({"head_dim": 0}, "says head_dim 0, which makes no model"),
-        ({"num_attention_heads": 3, "num_key_value_heads": 1}, "num_attention_heads 3, which does not divide hidden_size 32, and gives no head_dim"),
+        (
+            {"num_attention_heads": 3, "num_key_value_heads": 1},
+            "num_attention_heads 3, which does not divide hidden_size 32, and gives no head_dim",
+        ),
         ({"num_key_value_heads": 3}, r"num_attention_heads \(4\) is not a multiple of num_key_value_heads \(3\)"),
     ],
-    ids=["zero vocab", "negative hidden", "no layers", "fractional MLP", "no heads", "text kv heads", "zero head_dim",
-         "heads not dividing hidden", "kv heads not dividing heads"],
+    ids=[
+        "zero vocab",
+        "negative hidden",
+        "no layers",
+        "fractional MLP",
+        "no heads",
+        "text kv heads",
+        "zero head_dim",
+        "heads not dividing hidden",
+        "kv heads not dividing heads",
+    ],
 )
 def test_a_config_that_makes_no_model_is_refused_when_read_naming_the_key(tmp_path, changes, message):
     config = tiny_config_dict()  # hidden 32, 4 heads, no head_dim (derived: 8)

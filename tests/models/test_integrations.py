@@ -13,6 +13,7 @@ from conftest import tiny_config
 from gated_qwen import Qwen3GatedForCausalLM
 from gated_qwen.models.layout import split_query_and_gate
 
+
 AUTO_AFTER_IMPORT = """
 import json, sys, tempfile
 import gated_qwen

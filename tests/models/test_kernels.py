@@ -17,10 +17,20 @@ from transformers.utils import is_kernels_available
 from gated_qwen import Qwen3GatedConfig, Qwen3GatedForCausalLM
 from gated_qwen.models.qwen3_gated.modeling_qwen3_gated import Qwen3GatedAttention
 
+
 # transformers uses `kernels` only in the versions it supports (5.25: 0.19.x; 5.19: 0.17.x): else use_kernels refuses
-needs_kernels = pytest.mark.skipif(not is_kernels_available(), reason="no `kernels` release this transformers supports")
-SIZES = dict(vocab_size=99, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, head_dim=8)
+needs_kernels = pytest.mark.skipif(
+    not is_kernels_available(), reason="no `kernels` release this transformers supports"
+)
+SIZES = {
+    "vocab_size": 99,
+    "hidden_size": 32,
+    "intermediate_size": 48,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 8,
+}
 
 
 def kernel_points(model: torch.nn.Module) -> dict[str, set[str]]:
@@ -56,8 +66,13 @@ def test_a_kernel_for_qwen3s_attention_would_not_replace_the_gated_attention(mon
     model = Qwen3GatedForCausalLM(Qwen3GatedConfig(**SIZES, headwise_attn_output_gate=True)).eval()
     forwards = [layer.self_attn.forward for layer in model.model.layers]
     # A kernel for it on CPU, from a repository that does not exist: trying to load it would fail.
-    mapping = {"Qwen3Attention": {"cpu": kernels.LayerRepository(repo_id="kernels-community/no-such-kernel",
-                                                                  layer_name="Qwen3Attention", version=1)}}
+    mapping = {
+        "Qwen3Attention": {
+            "cpu": kernels.LayerRepository(
+                repo_id="kernels-community/no-such-kernel", layer_name="Qwen3Attention", version=1
+            )
+        }
+    }
     with kernels.use_kernel_mapping(mapping, inherit_mapping=False):
         kernels.kernelize(model, device="cpu", mode=kernels.Mode.INFERENCE)
     assert [layer.self_attn.forward for layer in model.model.layers] == forwards

@@ -58,7 +58,12 @@ def test_row_counts_and_the_gate_type_they_imply():
     assert q_proj_rows("none", 16, 128) == 2048
     assert q_proj_rows("headwise", 16, 128) == 2048 + 16
     assert q_proj_rows("elementwise", 16, 128) == 4096
-    assert [gate_type_for_rows(r, 16, 128) for r in (2048, 2064, 4096, 2050)] == ["none", "headwise", "elementwise", None]
+    assert [gate_type_for_rows(r, 16, 128) for r in (2048, 2064, 4096, 2050)] == [
+        "none",
+        "headwise",
+        "elementwise",
+        None,
+    ]
 
 
 def test_bad_sizes_and_names_are_refused():

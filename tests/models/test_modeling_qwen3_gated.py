@@ -22,7 +22,9 @@ def ids(batch=2, length=9, vocab=96, seed=0):
 def test_no_gate_equals_transformers_qwen3(kwargs):
     torch.manual_seed(0)
     gated = Qwen3GatedForCausalLM(tiny_config(gate="none", **kwargs)).eval()
-    stock_config = Qwen3Config(**{k: v for k, v in gated.config.to_dict().items() if k in Qwen3Config.__dataclass_fields__})
+    stock_config = Qwen3Config(
+        **{k: v for k, v in gated.config.to_dict().items() if k in Qwen3Config.__dataclass_fields__}
+    )
     stock = Qwen3ForCausalLM(stock_config).eval()
     assert set(stock.state_dict()) == set(gated.state_dict())
     stock.load_state_dict(gated.state_dict())
@@ -78,8 +80,13 @@ def test_applied_gate_is_sigmoid_of_the_written_rows(
     released_checkpoint, gate, num_key_value_heads, qkv_bias, use_qk_norm, tie_word_embeddings
 ):
     folder, spec = released_checkpoint(
-        gate=gate, num_key_value_heads=num_key_value_heads, qkv_bias=qkv_bias, use_qk_norm=use_qk_norm,
-        tie_word_embeddings=tie_word_embeddings, num_hidden_layers=1, gate_scale=2.0,
+        gate=gate,
+        num_key_value_heads=num_key_value_heads,
+        qkv_bias=qkv_bias,
+        use_qk_norm=use_qk_norm,
+        tie_word_embeddings=tie_word_embeddings,
+        num_hidden_layers=1,
+        gate_scale=2.0,
     )
     model = load(folder, attn_implementation="eager")
     assert model.config.gate_type == gate
@@ -140,8 +147,12 @@ def test_cached_greedy_decoding_equals_uncached_forward(headwise, cache_implemen
     model = load(headwise)
     inputs = ids(batch=1, length=5)
     generated = model.generate(
-        inputs, max_new_tokens=8, do_sample=False, cache_implementation=cache_implementation,
-        pad_token_id=0, eos_token_id=None,
+        inputs,
+        max_new_tokens=8,
+        do_sample=False,
+        cache_implementation=cache_implementation,
+        pad_token_id=0,
+        eos_token_id=None,
     )
     assert torch.equal(generated, uncached_greedy(model, inputs, 8))
 
@@ -220,7 +231,9 @@ def test_left_padded_batch_equals_each_row_alone(headwise):
         for i, row in enumerate(rows):
             alone = model(row[None]).logits[0]
             torch.testing.assert_close(batched[i, width - len(row) :], alone, rtol=1e-4, atol=1e-5)
-    generated = model.generate(batch, attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=0, eos_token_id=None)
+    generated = model.generate(
+        batch, attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=0, eos_token_id=None
+    )
     for i, row in enumerate(rows):
         alone = model.generate(row[None], max_new_tokens=5, do_sample=False, pad_token_id=0, eos_token_id=None)
         assert torch.equal(generated[i, width:], alone[0, len(row) :])
@@ -270,8 +283,12 @@ def test_a_q_proj_that_does_not_fit_the_config_is_refused(tmp_path, written, dec
 
 @pytest.mark.parametrize(
     "written,declared,kind",
-    [({"use_qk_norm": True}, {"use_qk_norm": False}, "no place for"), ({"use_qk_norm": False}, {"use_qk_norm": True}, "lacks"),
-     ({"qkv_bias": True}, {"qkv_bias": False}, "no place for"), ({"tie_word_embeddings": True}, {"tie_word_embeddings": False}, "lacks")],
+    [
+        ({"use_qk_norm": True}, {"use_qk_norm": False}, "no place for"),
+        ({"use_qk_norm": False}, {"use_qk_norm": True}, "lacks"),
+        ({"qkv_bias": True}, {"qkv_bias": False}, "no place for"),
+        ({"tie_word_embeddings": True}, {"tie_word_embeddings": False}, "lacks"),
+    ],
 )
 def test_no_weight_is_silently_dropped_or_initialised(tmp_path, written, declared, kind):
     write_released_checkpoint(tmp_path, **written)
@@ -296,7 +313,10 @@ def test_bf16_forward_stays_close_to_fp32(headwise):
     with torch.no_grad():
         reference, low = fp32(ids()).logits, bf16(ids()).logits.float()
     assert (low - reference).abs().max() < 0.05 * reference.abs().max()
-    assert torch.equal(low.argmax(-1), reference.argmax(-1)) or (low.argmax(-1) == reference.argmax(-1)).float().mean() > 0.9
+    assert (
+        torch.equal(low.argmax(-1), reference.argmax(-1))
+        or (low.argmax(-1) == reference.argmax(-1)).float().mean() > 0.9
+    )
 
 
 def test_gradient_checkpointing_gives_the_same_gradients(headwise):
@@ -355,8 +375,12 @@ def test_released_bin_gives_the_logits_of_the_same_weights_as_safetensors(tmp_pa
     write_released_checkpoint(tmp_path / "bin", gate=gate, dtype=torch.bfloat16)
     write_released_checkpoint(tmp_path / "safetensors", gate=gate, dtype=torch.bfloat16, weights="safetensors")
     config = json.loads((tmp_path / "bin" / "config.json").read_text())
-    assert config["model_type"] == "qwen2" and "head_dim" not in config and sorted(p.name for p in (tmp_path / "bin").iterdir()) == [
-        "config.json", "configuration_qwen3.py", "modeling_qwen3.py", "pytorch_model.bin"]
+    assert (
+        config["model_type"] == "qwen2"
+        and "head_dim" not in config
+        and sorted(p.name for p in (tmp_path / "bin").iterdir())
+        == ["config.json", "configuration_qwen3.py", "modeling_qwen3.py", "pytorch_model.bin"]
+    )
     from_bin, from_safetensors = load(tmp_path / "bin", dtype="auto"), load(tmp_path / "safetensors", dtype="auto")
     assert from_bin.dtype == torch.bfloat16 and from_bin.config.head_dim == 8 and from_bin.config.gate_type == gate
     with torch.no_grad():
@@ -374,8 +398,16 @@ def test_missing_head_dim_means_hidden_over_heads(tmp_path):
 def test_a_genuine_qwen2_checkpoint_is_refused(tmp_path):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    Qwen2ForCausalLM(Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                 num_attention_heads=4, num_key_value_heads=2)).save_pretrained(tmp_path, safe_serialization=False)
+    Qwen2ForCausalLM(
+        Qwen2Config(
+            vocab_size=64,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+        )
+    ).save_pretrained(tmp_path, safe_serialization=False)
     with pytest.raises(CheckpointError, match="is a Qwen2 model .*biases on q/k/v, no QK-norm.*Qwen2ForCausalLM"):
         load(tmp_path)
 
@@ -388,7 +420,9 @@ def test_a_headwise_bin_under_an_elementwise_config_names_layer_and_shapes_befor
     loads = []
     real_load = torch.load
     monkeypatch.setattr(torch, "load", lambda *a, **k: loads.append(k["map_location"]) or real_load(*a, **k))
-    with pytest.raises(CheckpointError, match=r"q_proj.weight has shape \(36, 32\).*expects \(64, 32\).*'headwise' gate"):
+    with pytest.raises(
+        CheckpointError, match=r"q_proj.weight has shape \(36, 32\).*expects \(64, 32\).*'headwise' gate"
+    ):
         load(tmp_path)
     assert loads == ["meta"]  # the shapes came from the pickle alone; no tensor data was read
 
@@ -407,7 +441,10 @@ class Payload:
 
 def test_a_bin_whose_pickle_would_run_code_is_refused_in_one_line(tmp_path):
     spec = write_released_checkpoint(tmp_path / "arm")
-    torch.save({**spec["tensors"], "model.norm.weight": Payload(tmp_path / "payload-ran")}, tmp_path / "arm" / "pytorch_model.bin")
+    torch.save(
+        {**spec["tensors"], "model.norm.weight": Payload(tmp_path / "payload-ran")},
+        tmp_path / "arm" / "pytorch_model.bin",
+    )
     with pytest.raises(CheckpointError, match="pytorch_model.bin holds a pickle that is not plain tensors") as error:
         load(tmp_path / "arm")
     assert "\n" not in str(error.value) and not (tmp_path / "payload-ran").exists()
@@ -418,7 +455,6 @@ def test_hub_subfolder_fetches_only_what_loading_needs(tmp_path, monkeypatch):
     config, weights and generation config are fetched; the authors' .py files beside them never are."""
     import huggingface_hub.constants
     import transformers.utils.hub as transformers_hub
-
     from conftest import write_released_arm
 
     commit = "aad415c45ec6b4fa727ef3ff3f4e9f62f958d49b"
@@ -430,13 +466,23 @@ def test_hub_subfolder_fetches_only_what_loading_needs(tmp_path, monkeypatch):
     asked = []  # every file transformers resolves, from the cache or by download
     for name in ("try_to_load_from_cache", "hf_hub_download"):
         real = getattr(transformers_hub, name)
-        monkeypatch.setattr(transformers_hub, name, lambda repo_id, filename, _real=real, **k: asked.append(filename) or _real(repo_id, filename, **k))
-    monkeypatch.setattr(transformers_hub, "snapshot_download", lambda *a, **k: pytest.fail(f"snapshot_download {k.get('allow_patterns')}"))
+        monkeypatch.setattr(
+            transformers_hub,
+            name,
+            lambda repo_id, filename, _real=real, **k: asked.append(filename) or _real(repo_id, filename, **k),
+        )
+    monkeypatch.setattr(
+        transformers_hub,
+        "snapshot_download",
+        lambda *a, **k: pytest.fail(f"snapshot_download {k.get('allow_patterns')}"),
+    )
     model = load("QwQZh/gated_attention", subfolder="1B_gate_headwise", cache_dir=tmp_path / "cache")
     assert model.config.gate_type == "headwise"
     assert torch.equal(model.model.norm.weight, spec["tensors"]["model.norm.weight"])
     asked = {name.rpartition("/")[2] for name in asked}
-    assert {"config.json", "pytorch_model.bin"} <= asked and not [name for name in asked if name.endswith(".py")], asked
+    assert {"config.json", "pytorch_model.bin"} <= asked and not [name for name in asked if name.endswith(".py")], (
+        asked
+    )
 
 
 # Loading follows transformers' conventions for task heads, explicit state dicts and ignore_mismatched_sizes,
@@ -475,7 +521,9 @@ def test_an_explicit_state_dict_is_loaded_as_transformers_does():
     assert set(info["missing_keys"]) == set(model.state_dict())  # everything initialised, and reported
     source = Qwen3GatedForCausalLM(config)
     partial = {k: v for k, v in source.state_dict().items() if ".layers.1." not in k}
-    model, info = Qwen3GatedForCausalLM.from_pretrained(None, config=config, state_dict=partial, output_loading_info=True)
+    model, info = Qwen3GatedForCausalLM.from_pretrained(
+        None, config=config, state_dict=partial, output_loading_info=True
+    )
     assert info["missing_keys"] and all(".layers.1." in key for key in info["missing_keys"])
     assert torch.equal(model.model.layers[0].self_attn.q_proj.weight, source.model.layers[0].self_attn.q_proj.weight)
 
@@ -521,7 +569,9 @@ def test_task_heads_follow_transformers(tmp_path):
 def test_ignore_mismatched_sizes_does_not_reinitialise_gate_rows(tmp_path):
     write_released_checkpoint(tmp_path, gate="headwise")
     with pytest.raises(CheckpointError, match="q_proj"):
-        load(tmp_path, headwise_attn_output_gate=False, elementwise_attn_output_gate=True, ignore_mismatched_sizes=True)
+        load(
+            tmp_path, headwise_attn_output_gate=False, elementwise_attn_output_gate=True, ignore_mismatched_sizes=True
+        )
 
 
 def test_strict_false_loads_as_transformers_does(tmp_path):

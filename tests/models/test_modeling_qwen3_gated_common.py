@@ -23,9 +23,10 @@ import warnings
 import pytest
 import torch
 import transformers
+from transformers_sdist_harness import PACKAGE, HarnessFileMissing, fetch_harness
 
 from gated_qwen import Qwen3GatedConfig, Qwen3GatedForCausalLM, Qwen3GatedForSequenceClassification, Qwen3GatedModel
-from transformers_sdist_harness import PACKAGE, HarnessFileMissing, fetch_harness
+
 
 TRANSFORMERS_VERSION = transformers.__version__
 RUN_ALL = os.environ.get("GATED_QWEN_ALL_COMMON_TESTS") == "1"
@@ -94,11 +95,19 @@ class Qwen3GatedModelTester:
 
     def get_config(self) -> Qwen3GatedConfig:
         return Qwen3GatedConfig(
-            vocab_size=self.vocab_size, hidden_size=self.hidden_size, intermediate_size=37,
-            num_hidden_layers=self.num_hidden_layers, num_attention_heads=self.num_attention_heads,
-            num_key_value_heads=self.num_key_value_heads, head_dim=self.head_dim, max_position_embeddings=512,
-            pad_token_id=0, bos_token_id=1, eos_token_id=2,
-            headwise_attn_output_gate=self.gate == "headwise", elementwise_attn_output_gate=self.gate == "elementwise",
+            vocab_size=self.vocab_size,
+            hidden_size=self.hidden_size,
+            intermediate_size=37,
+            num_hidden_layers=self.num_hidden_layers,
+            num_attention_heads=self.num_attention_heads,
+            num_key_value_heads=self.num_key_value_heads,
+            head_dim=self.head_dim,
+            max_position_embeddings=512,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=2,
+            headwise_attn_output_gate=self.gate == "headwise",
+            elementwise_attn_output_gate=self.gate == "elementwise",
         )
 
     def prepare_config_and_inputs_for_common(self):
@@ -123,7 +132,9 @@ class _Qwen3GatedCommonTests(
         self.config_tester.run_common_tests()
 
     def test_generation_tester_mixin_inheritance(self):
-        self.skipTest("GenerationTesterMixin is not in the transformers sdist; generation is tested in test_modeling_qwen3_gated.py")
+        self.skipTest(
+            "GenerationTesterMixin is not in the transformers sdist; generation is tested in test_modeling_qwen3_gated.py"
+        )
 
     # Each multi-process tensor-parallel test takes 7-35 s on 2 CPU cores. The untied forward (test_tp_forward_0:
     # q_proj sharded colwise with its gate rows, outputs equal to the unsharded model's) runs always; the rest

@@ -9,7 +9,13 @@ import pytest
 import torch
 from conftest import routed_experts
 from safetensors import safe_open
-from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification, Qwen3MoeConfig, Qwen3MoeForCausalLM
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
+)
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeMLP, Qwen3MoeSparseMoeBlock
 
 from gated_qwen import Qwen3MoeGatedConfig, Qwen3MoeGatedForCausalLM, Qwen3MoeGatedModel
@@ -17,15 +23,26 @@ from gated_qwen.errors import CheckpointError
 from gated_qwen.models.qwen3_gated.modeling_qwen3_gated import Qwen3GatedAttention
 from gated_qwen.models.qwen3_moe_gated.modeling_qwen3_moe_gated import Qwen3MoeGatedForSequenceClassification
 
+
 IDS = torch.tensor([[5, 17, 42, 99, 3, 250, 7, 64, 128, 9, 11, 300]])
 
 
 def tiny_gated(gate="headwise", **kwargs) -> Qwen3MoeGatedForCausalLM:
     torch.manual_seed(0)
     config = Qwen3MoeGatedConfig(
-        vocab_size=320, hidden_size=32, intermediate_size=96, moe_intermediate_size=16, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_experts=4, num_experts_per_tok=2,
-        norm_topk_prob=True, headwise_attn_output_gate=gate == "headwise", elementwise_attn_output_gate=gate == "elementwise",
+        vocab_size=320,
+        hidden_size=32,
+        intermediate_size=96,
+        moe_intermediate_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        num_experts=4,
+        num_experts_per_tok=2,
+        norm_topk_prob=True,
+        headwise_attn_output_gate=gate == "headwise",
+        elementwise_attn_output_gate=gate == "elementwise",
         **kwargs,
     )
     model = Qwen3MoeGatedForCausalLM(config)
@@ -94,7 +111,9 @@ def test_save_writes_the_stock_expert_layout_and_auto_classes_load_it_back(tmp_p
     with torch.no_grad():
         assert torch.equal(loaded(IDS).logits, model(IDS).logits)
     assert isinstance(AutoConfig.for_model("qwen3_moe_gated"), Qwen3MoeGatedConfig)
-    assert type(AutoModelForSequenceClassification.from_config(loaded.config)) is Qwen3MoeGatedForSequenceClassification
+    assert (
+        type(AutoModelForSequenceClassification.from_config(loaded.config)) is Qwen3MoeGatedForSequenceClassification
+    )
 
 
 def test_generation_with_the_cache_matches_the_full_forward():
@@ -226,9 +245,19 @@ def test_transformers_tensor_parallel_keeps_each_kv_group_with_its_gate_rows(sto
     convert_checkpoint(stock_moe_dense_layer, tmp_path / "gated", gate="headwise", init="random", progress=False)
     (tmp_path / "child.py").write_text(TENSOR_PARALLEL_CHILD)
     subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(tmp_path / "child.py"),
-         str(tmp_path / "gated"), str(tmp_path / "out.pt")],
-        check=True, capture_output=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            str(tmp_path / "child.py"),
+            str(tmp_path / "gated"),
+            str(tmp_path / "out.pt"),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=600,
     )
     result = torch.load(tmp_path / "out.pt", weights_only=True)
     assert result["local_q_rows"] == 4 * (8 + 1) // 2  # one kv group: 2 heads' queries and their 2 gate rows
@@ -257,19 +286,24 @@ def _moe_tensor_parallel_report(rank: int, folder: str, tp_plan, result_folder: 
     ids = torch.randint(3, 320, (2, 12), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         out, out_tp = model(ids, labels=ids), model_tp(ids, labels=ids)
-        greedy = dict(max_new_tokens=6, do_sample=False)
+        greedy = {"max_new_tokens": 6, "do_sample": False}
         same_tokens = torch.equal(model.generate(ids[:1], **greedy), model_tp.generate(ids[:1], **greedy))
-    torch.save({
-        "local_q_proj_rows": (q_proj.to_local() if hasattr(q_proj, "to_local") else q_proj).shape[0],
-        "max_logit_diff": (out.logits - out_tp.logits).abs().max().item(),
-        "loss_diff": (out.loss - out_tp.loss).abs().item(),
-        "same_tokens": same_tokens,
-    }, os.path.join(result_folder, f"rank{rank}.pt"))
+    torch.save(
+        {
+            "local_q_proj_rows": (q_proj.to_local() if hasattr(q_proj, "to_local") else q_proj).shape[0],
+            "max_logit_diff": (out.logits - out_tp.logits).abs().max().item(),
+            "loss_diff": (out.loss - out_tp.loss).abs().item(),
+            "same_tokens": same_tokens,
+        },
+        os.path.join(result_folder, f"rank{rank}.pt"),
+    )
     dist.barrier()
 
 
 @pytest.mark.parametrize("plan, heads, kv_heads, gate", [("colwise", 4, 2, "elementwise"), ("unit", 2, 1, "headwise")])
-def test_distributed_config_shards_the_moe_by_kv_group_with_the_dense_models_plan_check(tmp_path, plan, heads, kv_heads, gate):
+def test_distributed_config_shards_the_moe_by_kv_group_with_the_dense_models_plan_check(
+    tmp_path, plan, heads, kv_heads, gate
+):
     """from_pretrained(distributed_config=...) on 2 gloo ranks, as for the dense model (tests/models/test_tensor_parallel.py):
     Qwen3-MoE's colwise plan shards q_proj by kv group; under transformers 5.25's unit styles, one kv group over 2 ranks
     is replicated (transformers alone would count the 18 rows of a headwise q_proj as 2 heads and cut them apart)."""
@@ -280,12 +314,18 @@ def test_distributed_config_shards_the_moe_by_kv_group_with_the_dense_models_pla
 
     if plan == "unit" and not HAS_UNIT_STYLES:
         pytest.skip("unit styles are transformers >= 5.25")
-    stock = write_stock_moe_checkpoint(tmp_path / "stock", tokenizer=False, num_attention_heads=heads, num_key_value_heads=kv_heads)
+    stock = write_stock_moe_checkpoint(
+        tmp_path / "stock", tokenizer=False, num_attention_heads=heads, num_key_value_heads=kv_heads
+    )
     torch.manual_seed(0)
     convert_checkpoint(stock, tmp_path / "gated", gate=gate, init="random", progress=False)
     (tmp_path / "results").mkdir()
-    run_on_two_ranks(_moe_tensor_parallel_report, str(tmp_path / "gated"), UNIT_PLAN if plan == "unit" else None,
-                     str(tmp_path / "results"))
+    run_on_two_ranks(
+        _moe_tensor_parallel_report,
+        str(tmp_path / "gated"),
+        UNIT_PLAN if plan == "unit" else None,
+        str(tmp_path / "results"),
+    )
     full_rows = heads * (8 + (1 if gate == "headwise" else 8))
     for rank in range(2):
         report = torch.load(tmp_path / "results" / f"rank{rank}.pt", weights_only=True)
@@ -293,8 +333,14 @@ def test_distributed_config_shards_the_moe_by_kv_group_with_the_dense_models_pla
         assert report["max_logit_diff"] < 1e-5 and report["loss_diff"] < 1e-5 and report["same_tokens"], report
 
 
-@pytest.mark.parametrize("first", ["gated_qwen.models.qwen3_moe_gated.modeling_qwen3_moe_gated",
-                                   "gated_qwen.models.qwen3_gated.modeling_qwen3_gated", "transformers"])
+@pytest.mark.parametrize(
+    "first",
+    [
+        "gated_qwen.models.qwen3_moe_gated.modeling_qwen3_moe_gated",
+        "gated_qwen.models.qwen3_gated.modeling_qwen3_gated",
+        "transformers",
+    ],
+)
 def test_both_families_register_whichever_module_is_imported_first(first):
     import subprocess
     import sys

@@ -14,8 +14,8 @@ import tarfile
 from pathlib import Path
 
 import pytest
-
 from transformers_sdist_harness import HARNESS_FILES, STUBS, HarnessFileMissing, extract_harness
+
 
 COMMON_TESTS = Path(__file__).with_name("test_modeling_qwen3_gated_common.py")
 
@@ -32,19 +32,21 @@ def fake_sdist(path: Path, version: str, files: dict[str, str]) -> Path:
 
 
 def mixins(**extra: str) -> dict[str, str]:
-    files = {name: "" for name in HARNESS_FILES}
+    files = dict.fromkeys(HARNESS_FILES, "")
     files.update(extra)
     return files
 
 
 def test_imported_files_come_from_the_sdist_and_the_stand_ins_replace_what_it_lacks(tmp_path):
-    files = mixins(**{
-        "test_modeling_common.py": "from .generation.test_utils import GenerationTesterMixin\n",
-        "test_tensor_parallel_mixin.py": "from .test_fsdp_mixin import _set_rank_device\n",
-        "test_fsdp_mixin.py": "def _set_rank_device(rank):\n    from .fsdp_helpers import device\n",
-        "fsdp_helpers.py": "device = 'cpu'\n",
-        "test_unrelated.py": "raise RuntimeError('not imported by the mixins')\n",
-    })
+    files = mixins(
+        **{
+            "test_modeling_common.py": "from .generation.test_utils import GenerationTesterMixin\n",
+            "test_tensor_parallel_mixin.py": "from .test_fsdp_mixin import _set_rank_device\n",
+            "test_fsdp_mixin.py": "def _set_rank_device(rank):\n    from .fsdp_helpers import device\n",
+            "fsdp_helpers.py": "device = 'cpu'\n",
+            "test_unrelated.py": "raise RuntimeError('not imported by the mixins')\n",
+        }
+    )
     package = tmp_path / "package"
     extract_harness("9.9.9", fake_sdist(tmp_path / "sdist.tar.gz", "9.9.9", files), package)
     assert (package / "generation" / "test_utils.py").read_text() == STUBS["generation/test_utils.py"]
@@ -66,12 +68,23 @@ def test_a_file_neither_the_sdist_nor_a_stand_in_provides_is_named(tmp_path):
 
 @pytest.mark.parametrize("ci, outcome", [("", "skipped"), ("true", "error")])
 def test_without_network_the_common_tests_skip_but_fail_in_ci(tmp_path, ci, outcome):
-    env = dict(os.environ, CI=ci, GATED_QWEN_TRANSFORMERS_TESTS=str(tmp_path / "empty"), PIP_CONFIG_FILE=os.devnull,
-               PIP_INDEX_URL="http://127.0.0.1:9/simple", PIP_FIND_LINKS="", PIP_NO_INDEX="")
+    env = dict(
+        os.environ,
+        CI=ci,
+        GATED_QWEN_TRANSFORMERS_TESTS=str(tmp_path / "empty"),
+        PIP_CONFIG_FILE=os.devnull,
+        PIP_INDEX_URL="http://127.0.0.1:9/simple",
+        PIP_FIND_LINKS="",
+        PIP_NO_INDEX="",
+    )
     env.pop("PYTEST_ADDOPTS", None)  # CI's (a JUnit report for the outer run) is not this inner run's
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=-ra", str(COMMON_TESTS)],
-        capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        cwd=tmp_path,
     )
     summary = run.stdout.strip().splitlines()[-1]
     assert outcome in summary, run.stdout[-3000:]

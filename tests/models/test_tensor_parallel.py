@@ -15,26 +15,38 @@ import socket
 import pytest
 import torch
 import torch.multiprocessing as mp
+from transformers.distributed import tensor_parallel as transformers_tp
 
 from gated_qwen import Qwen3GatedConfig, Qwen3GatedForCausalLM, Qwen3MoeGatedConfig, Qwen3MoeGatedForCausalLM
 from gated_qwen.models.tensor_parallel import GATED_UNIT_STYLES, check_and_adapt_tp_plan
-from transformers.distributed import tensor_parallel as transformers_tp
+
 
 HAS_UNIT_STYLES = hasattr(transformers_tp, "UnitColwiseParallel")  # transformers >= 5.25
 ATTENTION = "model.layers.*.self_attn"
 UNIT_PLAN = {
-    f"{ATTENTION}.q_proj": "unit_colwise", f"{ATTENTION}.k_proj": "unit_colwise",
-    f"{ATTENTION}.v_proj": "unit_colwise", f"{ATTENTION}.o_proj": "unit_rowwise",
+    f"{ATTENTION}.q_proj": "unit_colwise",
+    f"{ATTENTION}.k_proj": "unit_colwise",
+    f"{ATTENTION}.v_proj": "unit_colwise",
+    f"{ATTENTION}.o_proj": "unit_rowwise",
 }
 
 
 def tiny_config(gate: str, num_attention_heads: int, num_key_value_heads: int, moe: bool = False):
-    sizes = dict(
-        vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=num_attention_heads,
-        num_key_value_heads=num_key_value_heads, head_dim=8, max_position_embeddings=128, pad_token_id=0,
-        bos_token_id=1, eos_token_id=2, headwise_attn_output_gate=gate == "headwise",
-        elementwise_attn_output_gate=gate == "elementwise",
-    )
+    sizes = {
+        "vocab_size": 96,
+        "hidden_size": 32,
+        "intermediate_size": 48,
+        "num_hidden_layers": 2,
+        "num_attention_heads": num_attention_heads,
+        "num_key_value_heads": num_key_value_heads,
+        "head_dim": 8,
+        "max_position_embeddings": 128,
+        "pad_token_id": 0,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "headwise_attn_output_gate": gate == "headwise",
+        "elementwise_attn_output_gate": gate == "elementwise",
+    }
     if moe:  # the MoE model shares the dense model's gated attention (and its TP handling)
         return Qwen3MoeGatedConfig(**sizes, moe_intermediate_size=16, num_experts=4, num_experts_per_tok=2)
     return Qwen3GatedConfig(**sizes)
@@ -50,9 +62,8 @@ def model_class(config):
 def _compare_with_one_rank(rank: int, folder: str, tp_plan: dict | None, result_folder: str) -> None:
     """On one rank: the TP model's logits, loss and greedy tokens against the unsharded model's."""
     import torch.distributed as dist
-    from transformers.distributed.configuration_utils import DistributedConfig
-
     from transformers import AutoModelForCausalLM  # the folder's config picks the dense or MoE class
+    from transformers.distributed.configuration_utils import DistributedConfig
 
     model_tp = AutoModelForCausalLM.from_pretrained(
         folder, distributed_config=DistributedConfig(tp_size=dist.get_world_size(), tp_plan=tp_plan)
@@ -65,7 +76,7 @@ def _compare_with_one_rank(rank: int, folder: str, tp_plan: dict | None, result_
     input_ids = torch.randint(3, 96, (2, 12))  # 96: transformers 5.19 shards lm_head only evenly
     with torch.no_grad():
         out, out_tp = model(input_ids, labels=input_ids), model_tp(input_ids, labels=input_ids)
-        greedy = dict(max_new_tokens=6, do_sample=False, use_cache=True)
+        greedy = {"max_new_tokens": 6, "do_sample": False, "use_cache": True}
         tokens, tokens_tp = model.generate(input_ids[:1], **greedy), model_tp.generate(input_ids[:1], **greedy)
     report = {
         "local_q_proj_rows": local_rows,
@@ -81,8 +92,13 @@ def _compare_with_one_rank(rank: int, folder: str, tp_plan: dict | None, result_
 def _rank_main(rank: int, world_size: int, port: int, func, args) -> None:
     import torch.distributed as dist
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
-                      WORLD_SIZE=str(world_size))
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+    )
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     try:
@@ -99,7 +115,9 @@ def run_on_two_ranks(func, *args) -> None:
     mp.start_processes(_rank_main, args=(2, port, func, args), nprocs=2, join=True, start_method="spawn")
 
 
-def sharded_vs_unsharded(tmp_path, gate: str, heads: int, kv_heads: int, tp_plan: dict | None, moe=False) -> list[dict]:
+def sharded_vs_unsharded(
+    tmp_path, gate: str, heads: int, kv_heads: int, tp_plan: dict | None, moe=False
+) -> list[dict]:
     folder, results = tmp_path / "model", tmp_path / "results"
     results.mkdir()
     torch.manual_seed(42)
@@ -139,7 +157,10 @@ def test_two_ranks_give_the_logits_of_one(tmp_path, gate, plan, heads, kv_heads,
 @needs_two_cpus
 @pytest.mark.parametrize(
     "plan, kv_heads, sharded",
-    [pytest.param(None, 2, True, id="colwise"), pytest.param(UNIT_PLAN, 1, False, id="unit-replicated", marks=needs_unit_styles)],
+    [
+        pytest.param(None, 2, True, id="colwise"),
+        pytest.param(UNIT_PLAN, 1, False, id="unit-replicated", marks=needs_unit_styles),
+    ],
 )
 def test_the_moe_model_shards_its_gated_attention_the_same_way(tmp_path, plan, kv_heads, sharded):
     reports = sharded_vs_unsharded(tmp_path, "elementwise", 2 * kv_heads, kv_heads, plan, moe=True)
@@ -184,8 +205,10 @@ def plan(q, k="colwise", v="colwise", o="rowwise"):
 
 def test_unit_styles_are_replaced_on_q_proj_and_o_proj_only():
     changes = check_and_adapt_tp_plan(UNIT_PLAN, num_key_value_heads=1, tp_size=2)
-    assert changes == {f"{ATTENTION}.q_proj": GATED_UNIT_STYLES["unit_colwise"],
-                       f"{ATTENTION}.o_proj": GATED_UNIT_STYLES["unit_rowwise"]}
+    assert changes == {
+        f"{ATTENTION}.q_proj": GATED_UNIT_STYLES["unit_colwise"],
+        f"{ATTENTION}.o_proj": GATED_UNIT_STYLES["unit_rowwise"],
+    }
 
 
 @pytest.mark.parametrize(

@@ -15,6 +15,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+
 # The mixins run here; what they import from tests/ follows (from the sdist, or a stand-in below).
 HARNESS_FILES = (
     "test_modeling_common.py",
@@ -84,8 +85,24 @@ def cache_root(version: str) -> Path:
 
 def download_sdist(version: str, into: Path) -> Path:
     """``pip download`` the transformers sdist into ``into``; raises RuntimeError saying why it failed."""
-    base = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "--retries", "1",
-            "--timeout", "30", "--disable-pip-version-check", "-q", "-d", str(into), f"transformers=={version}"]
+    base = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--no-binary",
+        ":all:",
+        "--retries",
+        "1",
+        "--timeout",
+        "30",
+        "--disable-pip-version-check",
+        "-q",
+        "-d",
+        str(into),
+        f"transformers=={version}",
+    ]
     errors = []
     # pip prepares the sdist's metadata; without build isolation it reuses this environment's setuptools (fast).
     for extra in (["--no-build-isolation"], []):
@@ -117,7 +134,7 @@ def extract_harness(version: str, archive: Path, package: Path) -> None:
     """Write HARNESS_FILES and every tests/ file they import (transitively) from ``archive``, or its stand-in."""
     prefix = f"transformers-{version}/tests/"
     with tarfile.open(archive) as tar:
-        members = {member.name[len(prefix):]: member for member in tar.getmembers() if member.name.startswith(prefix)}
+        members = {member.name[len(prefix) :]: member for member in tar.getmembers() if member.name.startswith(prefix)}
         pending, written = [(path, "the common tests") for path in HARNESS_FILES], set()
         while pending:
             path, importer = pending.pop()
@@ -158,5 +175,3 @@ def fetch_harness(version: str) -> Path:
             shutil.rmtree(root)
         os.replace(staging, root)
     return root
-
-

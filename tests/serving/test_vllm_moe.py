@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from conftest import write_stock_moe_checkpoint
 
+
 REPO = Path(__file__).resolve().parents[2]
 TENSOR_PARALLEL_SIZES = (1, 2)
 # vLLM's CPU attention takes head sizes of 32 and up; 4 query heads on 2 kv heads, so that a tensor-parallel
@@ -39,7 +40,9 @@ def gated_moe(folder: Path, gate: str, **config) -> Path:
 
 @pytest.fixture(scope="module")
 def vllm_run(tmp_path_factory):
-    pytest.importorskip("vllm", reason="vLLM is not installed here (.ci/run checks the plugin in an environment with vLLM)")
+    pytest.importorskip(
+        "vllm", reason="vLLM is not installed here (.ci/run checks the plugin in an environment with vLLM)"
+    )
     from gated_qwen.transforms.export import export_checkpoint
 
     root = tmp_path_factory.mktemp("vllm_moe")
@@ -56,10 +59,24 @@ def vllm_run(tmp_path_factory):
 
     environment = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "0|1")}
     process = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "check_vllm.py"), str(native_headwise), str(native_elementwise),
-         "--export", str(export), str(native_elementwise), "--refused", str(mislabelled), "--json",
-         "--tensor-parallel-size", *map(str, TENSOR_PARALLEL_SIZES)],
-        capture_output=True, text=True, env=environment, timeout=3000,
+        [
+            sys.executable,
+            str(REPO / "scripts" / "check_vllm.py"),
+            str(native_headwise),
+            str(native_elementwise),
+            "--export",
+            str(export),
+            str(native_elementwise),
+            "--refused",
+            str(mislabelled),
+            "--json",
+            "--tensor-parallel-size",
+            *map(str, TENSOR_PARALLEL_SIZES),
+        ],
+        capture_output=True,
+        text=True,
+        env=environment,
+        timeout=3000,
     )
     results = {(Path(r["model"]), r["tensor_parallel_size"]): r for r in map(json.loads, process.stdout.splitlines())}
     assert len(results) == 4 * len(TENSOR_PARALLEL_SIZES), process.stderr[-5000:]
@@ -67,8 +84,11 @@ def vllm_run(tmp_path_factory):
     return {"cases": cases, "mislabelled": mislabelled, "results": results}
 
 
-BUILT = {"native-headwise": "Qwen3MoeGatedForCausalLM", "native-elementwise": "Qwen3MoeGatedForCausalLM",
-         "export": "Qwen3_5MoeForCausalLM"}
+BUILT = {
+    "native-headwise": "Qwen3MoeGatedForCausalLM",
+    "native-elementwise": "Qwen3MoeGatedForCausalLM",
+    "export": "Qwen3_5MoeForCausalLM",
+}
 
 
 @pytest.mark.parametrize("tensor_parallel_size", TENSOR_PARALLEL_SIZES)

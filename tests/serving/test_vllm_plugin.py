@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 from conftest import write_released_checkpoint, write_tiny_tokenizer
 
+
 REPO = Path(__file__).resolve().parents[2]
 TENSOR_PARALLEL_SIZES = (1, 2)
 # vLLM's CPU attention takes head sizes of 32 and up; 4 query heads on 2 kv heads (GQA), so that a
@@ -90,9 +91,15 @@ def stock_qwen3(folder: Path) -> Path:
 @pytest.fixture(scope="module")
 def vllm_run(tmp_path_factory):
     """Every checkpoint below served by vLLM at each size, in one check_vllm.py process; its results by (folder, size)."""
-    pytest.importorskip("vllm", reason="vLLM is not installed here (.ci/run checks the plugin in an environment with vLLM)")
+    pytest.importorskip(
+        "vllm", reason="vLLM is not installed here (.ci/run checks the plugin in an environment with vLLM)"
+    )
     root = tmp_path_factory.mktemp("vllm")
-    cases = {(kind, gate): make(root / f"{kind}-{gate}", gate) for kind, (make, _) in CHECKPOINT_KINDS.items() for gate in GATES}
+    cases = {
+        (kind, gate): make(root / f"{kind}-{gate}", gate)
+        for kind, (make, _) in CHECKPOINT_KINDS.items()
+        for gate in GATES
+    }
     stock = stock_qwen3(root / "stock")
     # One kv head: with two ranks vLLM would replicate it and cut q_proj inside its group. Last, so that
     # its refusal at size 2 is the last thing the process does.
@@ -107,14 +114,29 @@ def vllm_run(tmp_path_factory):
         arguments += ["--refused", str(folder)]
     environment = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "0|1")}
     process = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "check_vllm.py"), *arguments, "--json",
-         "--tensor-parallel-size", *map(str, TENSOR_PARALLEL_SIZES)],
-        capture_output=True, text=True, env=environment, timeout=3000,
+        [
+            sys.executable,
+            str(REPO / "scripts" / "check_vllm.py"),
+            *arguments,
+            "--json",
+            "--tensor-parallel-size",
+            *map(str, TENSOR_PARALLEL_SIZES),
+        ],
+        capture_output=True,
+        text=True,
+        env=environment,
+        timeout=3000,
     )
     results = {(Path(r["model"]), r["tensor_parallel_size"]): r for r in map(json.loads, process.stdout.splitlines())}
     assert len(results) == (len(cases) + 2 + len(refused)) * len(TENSOR_PARALLEL_SIZES), process.stderr[-5000:]
-    return {"cases": cases, "stock": stock, "single_kv_head": single_kv_head, "refused": refused, "results": results,
-            "stderr": process.stderr}
+    return {
+        "cases": cases,
+        "stock": stock,
+        "single_kv_head": single_kv_head,
+        "refused": refused,
+        "results": results,
+        "stderr": process.stderr,
+    }
 
 
 @pytest.mark.parametrize("tensor_parallel_size", TENSOR_PARALLEL_SIZES)
@@ -158,7 +180,9 @@ def with_config(folder: Path, gate: str, **changes) -> Path:
 # generating wrong tokens without a word.
 REFUSED = {
     "elementwise-arm-config-says-headwise": (
-        lambda folder: with_config(folder, "elementwise", headwise_attn_output_gate=True, elementwise_attn_output_gate=False),
+        lambda folder: with_config(
+            folder, "elementwise", headwise_attn_output_gate=True, elementwise_attn_output_gate=False
+        ),
         "q_proj.weight has shape (256, 128) but the config (gate type 'headwise', 4 heads of dim 32) expects (132, 128); "
         "that is the shape of a 'elementwise' gate",
     ),
@@ -176,4 +200,3 @@ def test_a_config_that_does_not_describe_the_weights_is_refused_to_the_caller(vl
     result = vllm_run["results"][vllm_run["refused"][name], tensor_parallel_size]
     assert "tokens" not in result, result
     assert REFUSED[name][1] in result["error"]
-

@@ -19,6 +19,7 @@ import torch.distributed as dist
 from gated_qwen import Qwen3GatedConfig, Qwen3GatedForCausalLM
 from gated_qwen.tools.training import gate_parameter_groups, merge_gate_rows
 
+
 STEPS, GLOBAL_BATCH, SEQ_LEN, GATE_LR_SCALE = 4, 8, 16, 10.0
 
 
@@ -28,14 +29,25 @@ def main(out: str) -> None:
     torch.set_num_threads(1)
     if world > 1:
         dist.init_process_group("gloo")
-    config = Qwen3GatedConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                              num_key_value_heads=2, head_dim=16, headwise_attn_output_gate=True, tie_word_embeddings=False)
+    config = Qwen3GatedConfig(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        headwise_attn_output_gate=True,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(0)
     model = Qwen3GatedForCausalLM(config)
     start = {name: p.detach().clone() for name, p in model.state_dict().items()}
     groups = gate_parameter_groups(model, lr=1e-2, gate_lr_scale=GATE_LR_SCALE, weight_decay=0.1)
     names = {id(p): name for name, p in model.named_parameters()}
-    named = [{**{k: v for k, v in g.items() if k != "params"}, "names": [names[id(p)] for p in g["params"]]} for g in groups]
+    named = [
+        {**{k: v for k, v in g.items() if k != "params"}, "names": [names[id(p)] for p in g["params"]]} for g in groups
+    ]
     if world > 1:
         from torch.distributed.fsdp import fully_shard
 
@@ -43,8 +55,13 @@ def main(out: str) -> None:
             fully_shard(layer)
         fully_shard(model)
     parameters = dict(model.named_parameters())
-    optimizer = torch.optim.AdamW([{**{k: v for k, v in g.items() if k != "names"}, "params": [parameters[n] for n in g["names"]]}
-                                   for g in named], betas=(0.9, 0.95))
+    optimizer = torch.optim.AdamW(
+        [
+            {**{k: v for k, v in g.items() if k != "names"}, "params": [parameters[n] for n in g["names"]]}
+            for g in named
+        ],
+        betas=(0.9, 0.95),
+    )
     gate_name = "model.layers.0.self_attn.q_proj.parametrizations.weight.original1"
     gate = parameters[gate_name]
     local_rows = (gate.to_local() if hasattr(gate, "to_local") else gate).shape[0]

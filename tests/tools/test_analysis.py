@@ -7,6 +7,9 @@ from conftest import tiny_config, write_released_checkpoint, write_tiny_tokenize
 from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 
 from gated_qwen import Qwen3GatedForCausalLM
+from gated_qwen.cli import main
+from gated_qwen.errors import GatedQwenError
+from gated_qwen.models.layout import gate_dim, split_query_and_gate
 from gated_qwen.tools.analysis import (
     attention_sink,
     first_token_attention,
@@ -17,9 +20,6 @@ from gated_qwen.tools.analysis import (
     record_gates,
     summarize_gates,
 )
-from gated_qwen.cli import main
-from gated_qwen.errors import GatedQwenError
-from gated_qwen.models.layout import gate_dim, split_query_and_gate
 
 
 def ids(batch=2, length=9, vocab=96, seed=0):
@@ -154,7 +154,9 @@ def test_first_token_attention_on_hand_built_patterns():
     padded[0, 0, 2:, 2:] = torch.tril(torch.ones(4, 4)) / torch.arange(1, 5)[:, None]
     padded[0, 0, :2, 0] = 1.0
     mask = torch.tensor([[0, 0, 1, 1, 1, 1]])
-    torch.testing.assert_close(first_token_attention(padded, attention_mask=mask), torch.tensor([(1 + 1 / 2 + 1 / 3 + 1 / 4) / 4]))
+    torch.testing.assert_close(
+        first_token_attention(padded, attention_mask=mask), torch.tensor([(1 + 1 / 2 + 1 / 3 + 1 / 4) / 4])
+    )
     with pytest.raises(GatedQwenError, match="no query"):
         first_token_attention(uniform, skip_first=6)
 
@@ -249,8 +251,23 @@ def test_analyze_command_writes_json_and_figures(two_arms, tmp_path, capsys):
     out = tmp_path / "report"
     text = tmp_path / "text.txt"
     text.write_text("The gate scales each head's attention output. Hello world. " * 4)
-    argv = ["analyze", str(headwise), "--text", str(text), "--compare", str(baseline), "--out", str(out),
-            "--layers", "0", "1", "--context", "16", "--stride", "8"]
+    argv = [
+        "analyze",
+        str(headwise),
+        "--text",
+        str(text),
+        "--compare",
+        str(baseline),
+        "--out",
+        str(out),
+        "--layers",
+        "0",
+        "1",
+        "--context",
+        "16",
+        "--stride",
+        "8",
+    ]
     assert main(argv) == 0
     report = json.loads((out / "analysis.json").read_text())
     arms = report["models"]
@@ -277,10 +294,15 @@ def test_analyze_command_writes_json_and_figures(two_arms, tmp_path, capsys):
     assert main([*argv, "--overwrite", "--no-plots"]) == 0
     assert json.loads((out / "analysis.json").read_text())["figures"] == []
     assert not (out / "attention_maps.png").exists()  # the old folder was replaced as a whole
-    assert main(["analyze", str(headwise), "--prompt", "Hello world", "--out", str(tmp_path / "bad"), "--layers", "9"]) == 2
+    assert (
+        main(["analyze", str(headwise), "--prompt", "Hello world", "--out", str(tmp_path / "bad"), "--layers", "9"])
+        == 2
+    )
     assert "--layers [9]" in capsys.readouterr().err
     assert not (tmp_path / "bad").exists()
-    assert main(["analyze", str(headwise), "--prompt", "Hi", "--out", str(tmp_path / "x"), "--subfolder", "a", "b"]) == 2
+    assert (
+        main(["analyze", str(headwise), "--prompt", "Hi", "--out", str(tmp_path / "x"), "--subfolder", "a", "b"]) == 2
+    )
     assert "--subfolder" in capsys.readouterr().err
     assert main(["analyze", str(tmp_path / "missing"), "--prompt", "Hi", "--out", str(tmp_path / "x")]) == 2
     assert "missing does not exist" in capsys.readouterr().err
@@ -292,7 +314,12 @@ def test_analyze_without_matplotlib_says_what_to_install(two_arms, tmp_path, cap
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     assert main(["analyze", str(two_arms[1]), "--prompt", "Hello world", "--out", str(tmp_path / "o")]) == 2
     assert "gated-qwen[plot]" in capsys.readouterr().err
-    assert main(["analyze", str(two_arms[1]), "--prompt", "Hello world hello", "--out", str(tmp_path / "o"), "--no-plots"]) == 0
+    assert (
+        main(
+            ["analyze", str(two_arms[1]), "--prompt", "Hello world hello", "--out", str(tmp_path / "o"), "--no-plots"]
+        )
+        == 0
+    )
     assert json.loads((tmp_path / "o" / "analysis.json").read_text())["figures"] == []
 
 
@@ -302,8 +329,22 @@ def test_analyze_a_released_arm_as_downloaded(tmp_path, capsys):
 
     arm = tmp_path / "1B_gate_elementwise"
     write_released_arm(arm, gate="elementwise", gate_scale=3.0)
-    assert main(["analyze", str(arm), "--prompt", "The gate scales each head. Hello world.", "--out", str(tmp_path / "o"),
-                 "--no-plots", "--context", "8"]) == 0
+    assert (
+        main(
+            [
+                "analyze",
+                str(arm),
+                "--prompt",
+                "The gate scales each head. Hello world.",
+                "--out",
+                str(tmp_path / "o"),
+                "--no-plots",
+                "--context",
+                "8",
+            ]
+        )
+        == 0
+    )
     report = json.loads((tmp_path / "o" / "analysis.json").read_text())["models"]["1B_gate_elementwise"]
     assert report["gate_type"] == "elementwise" and len(report["gates"]["layers"]) == 2
     tokens = len(AutoTokenizer.from_pretrained(arm)("The gate scales each head. Hello world.")["input_ids"])
@@ -335,7 +376,9 @@ def test_analyze_refuses_a_malicious_bin_in_one_line(two_arms, tmp_path, capsys)
     assert not (tmp_path / "payload-ran").exists() and not (tmp_path / "o").exists()
 
 
-@pytest.mark.parametrize("option, value", [("--batch-size", "0"), ("--batch-size", "-1"), ("--max-tokens", "0"), ("--context", "1")])
+@pytest.mark.parametrize(
+    "option, value", [("--batch-size", "0"), ("--batch-size", "-1"), ("--max-tokens", "0"), ("--context", "1")]
+)
 def test_analyze_refuses_out_of_range_numbers_in_one_line(two_arms, tmp_path, capsys, option, value):
     out = tmp_path / "report"
     with pytest.raises(SystemExit) as stop:  # refused by argparse, before anything loads
@@ -350,7 +393,10 @@ def test_analyze_refuses_out_of_range_numbers_in_one_line(two_arms, tmp_path, ca
 def test_analyze_a_folder_without_tokenizer_says_the_tokenizer_is_missing(tmp_path, capsys):
     weights_only = tmp_path / "weights_only"
     write_released_checkpoint(weights_only, vocab_size=320)
-    assert main(["analyze", str(weights_only), "--prompt", "Hello world", "--no-plots", "--out", str(tmp_path / "out")]) == 2
+    assert (
+        main(["analyze", str(weights_only), "--prompt", "Hello world", "--no-plots", "--out", str(tmp_path / "out")])
+        == 2
+    )
     err = capsys.readouterr().err
     assert "has no tokenizer files: it needs tokenizer.json" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "out").exists()

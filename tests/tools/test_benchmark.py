@@ -9,6 +9,7 @@ import statistics
 import pytest
 import torch
 
+from gated_qwen.cli import main
 from gated_qwen.tools.benchmark import (
     BenchmarkOptions,
     build_arms,
@@ -17,7 +18,7 @@ from gated_qwen.tools.benchmark import (
     paired_ratio,
     time_decode,
 )
-from gated_qwen.cli import main
+
 
 TINY = ["--size", "tiny", "--repeats", "1", "--prompt-length", "8", "--new-tokens", "3", "--threads", "1"]
 
@@ -59,7 +60,9 @@ def test_model_numbers_follow_from_the_measured_seconds(bench_run):
         assert numbers["none_time_ratio_to_qwen3"] == pytest.approx(seconds["none"][0] / seconds["qwen3"][0])
 
     parameters = models["parameters"]
-    layers, heads, head_dim, hidden = (arch[k] for k in ("num_hidden_layers", "num_attention_heads", "head_dim", "hidden_size"))
+    layers, heads, head_dim, hidden = (
+        arch[k] for k in ("num_hidden_layers", "num_attention_heads", "head_dim", "hidden_size")
+    )
     assert parameters["qwen3"] == parameters["none"]
     assert parameters["headwise"] - parameters["none"] == layers * heads * hidden  # one gate row per head
     assert parameters["elementwise"] - parameters["none"] == layers * heads * head_dim * hidden
@@ -80,7 +83,9 @@ def test_targets_compare_measurements_with_the_issue_limits(bench_run):
     layers = result["models"]["layer_parameters"]
     assert layers["elementwise"] - layers["none"] == parameters["elementwise"] - parameters["none"]
     assert layers["none"] < parameters["none"]
-    assert targets["prefill_b1: elementwise time / none time"]["limit"] == pytest.approx(layers["elementwise"] / layers["none"] + 0.02)
+    assert targets["prefill_b1: elementwise time / none time"]["limit"] == pytest.approx(
+        layers["elementwise"] / layers["none"] + 0.02
+    )
     assert all(row["met"] == (row["measured"] <= row["limit"]) for row in result["targets"])
     assert len(targets) == 3 * 3 + 2
     # recomputed from the stored measurements, the same rows come out
@@ -91,7 +96,9 @@ def test_loading_and_conversion_are_measured_on_real_checkpoints(bench_run):
     result = bench_run[3]
     loading, conversion = result["loading"], result["conversion"]
     assert loading["bytes"]["qwen3"] > 0 and loading["bytes"]["headwise"] > loading["bytes"]["qwen3"]
-    assert loading["time_ratio_to_qwen3"] == pytest.approx(loading["seconds"]["headwise"][0] / loading["seconds"]["qwen3"][0])
+    assert loading["time_ratio_to_qwen3"] == pytest.approx(
+        loading["seconds"]["headwise"][0] / loading["seconds"]["qwen3"][0]
+    )
     # the gated checkpoint adds H gate rows per layer to the stock one
     arch = result["architecture"]
     gate_bytes = arch["num_hidden_layers"] * arch["num_attention_heads"] * arch["hidden_size"] * 4
@@ -121,7 +128,11 @@ def test_existing_results_are_not_overwritten_unless_asked(tmp_path, capsys):
         (["--set", 'num_hidden_layers="two"'], "not a valid config"),
         (["--repeats", "0"], "repeats must be at least 1"),
         (["--new-tokens", "1"], "new tokens must be at least 2"),
-        pytest.param(["--device", "cuda"], "torch sees no CUDA device", marks=pytest.mark.skipif(torch.cuda.is_available(), reason="has CUDA")),
+        pytest.param(
+            ["--device", "cuda"],
+            "torch sees no CUDA device",
+            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="has CUDA"),
+        ),
     ],
 )
 def test_bad_arguments_fail_with_one_line(tmp_path, capsys, args, message):
@@ -153,7 +164,9 @@ def test_arms_share_weights_and_decode_is_timed_over_cached_steps():
     ids = torch.tensor([[1, 2, 3, 4]])
     with torch.no_grad():  # same weights, no gate: the same computation
         torch.testing.assert_close(arms["none"](ids).logits, arms["qwen3"](ids).logits, rtol=0, atol=1e-6)
-    q_rows = {gate: arms[gate].model.layers[0].self_attn.q_proj.out_features for gate in ("none", "headwise", "elementwise")}
+    q_rows = {
+        gate: arms[gate].model.layers[0].self_attn.q_proj.out_features for gate in ("none", "headwise", "elementwise")
+    }
     assert q_rows == {"none": 64, "headwise": 68, "elementwise": 128}  # H*D, +H, x2
     assert time_decode(arms["headwise"], ids, new_tokens=3) > 0
 
@@ -178,6 +191,22 @@ def test_size_1b_is_the_released_architecture_from_configs():
     from gated_qwen.tools.benchmark import architecture
 
     arch = architecture(BenchmarkOptions(size="1b", overrides={"num_hidden_layers": 2}))
-    assert {k: arch[k] for k in ("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim")} == {
-        "vocab_size": 152064, "hidden_size": 2048, "intermediate_size": 6144, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128}
+    assert {
+        k: arch[k]
+        for k in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+        )
+    } == {
+        "vocab_size": 152064,
+        "hidden_size": 2048,
+        "intermediate_size": 6144,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+    }
     assert arch["num_hidden_layers"] == 2 and arch["tie_word_embeddings"] is True

@@ -16,8 +16,13 @@ from conftest import write_released_checkpoint, write_tiny_tokenizer
 from gated_qwen.cli import main
 from gated_qwen.errors import GatedQwenError
 
+
 ITEMS = [
-    {"question": "The gate scales each head's attention", "choices": ["output", "lazy dog", "return a + b"], "answer": 0},
+    {
+        "question": "The gate scales each head's attention",
+        "choices": ["output", "lazy dog", "return a + b"],
+        "answer": 0,
+    },
     {"question": "def add(a, b):\n    return", "choices": ["a + b", "the attention sink"], "answer": 0},
     {"question": "The quick brown fox jumps over the", "choices": ["gate", "lazy dog"], "answer": 1},
 ]
@@ -81,12 +86,16 @@ def test_harness_loglikelihoods_equal_the_models_own(lm_eval, arm, task_folder):
     from gated_qwen.tools.generation import load_model_and_tokenizer
 
     model, tokenizer = load_model_and_tokenizer(str(arm), device="cpu", dtype="float32")
-    result = evaluate(model, tokenizer, [TASK], include_path=task_folder, log_samples=True, bootstrap_iters=0, batch_size=2)
+    result = evaluate(
+        model, tokenizer, [TASK], include_path=task_folder, log_samples=True, bootstrap_iters=0, batch_size=2
+    )
     samples = sorted(result["samples"][TASK], key=lambda sample: sample["doc_id"])
     assert len(samples) == len(ITEMS)
     correct = 0
     for item, sample in zip(ITEMS, samples):
-        expected = [loglikelihood_by_hand(model, tokenizer, item["question"], " " + choice) for choice in item["choices"]]
+        expected = [
+            loglikelihood_by_hand(model, tokenizer, item["question"], " " + choice) for choice in item["choices"]
+        ]
         harness = [float(loglikelihood) for loglikelihood, _ in sample["filtered_resps"]]
         assert harness == pytest.approx(expected, abs=1e-4)
         correct += max(range(len(expected)), key=expected.__getitem__) == item["answer"]
@@ -96,9 +105,23 @@ def test_harness_loglikelihoods_equal_the_models_own(lm_eval, arm, task_folder):
 def test_eval_command_compares_arms_and_writes_results(lm_eval, tmp_path, task_folder, capfd, monkeypatch):
     capsys = capfd  # file-descriptor level: git, run by the harness, writes to it directly
     monkeypatch.chdir(tmp_path)  # not a git repository
-    first, second = write_arm(tmp_path / "a" / "final", seed=0), write_arm(tmp_path / "b" / "final", seed=1, gate="elementwise")
+    first, second = (
+        write_arm(tmp_path / "a" / "final", seed=0),
+        write_arm(tmp_path / "b" / "final", seed=1, gate="elementwise"),
+    )
     out = tmp_path / "results"
-    argv = ["eval", str(first), "--compare", str(second), "--tasks", TASK, "--include-path", str(task_folder), "--output-path", str(out)]
+    argv = [
+        "eval",
+        str(first),
+        "--compare",
+        str(second),
+        "--tasks",
+        TASK,
+        "--include-path",
+        str(task_folder),
+        "--output-path",
+        str(out),
+    ]
     assert main(argv) == 0
     table = capsys.readouterr().out
     assert "| task | metric | n-shot | final | final-2 |" in table
@@ -110,12 +133,31 @@ def test_eval_command_compares_arms_and_writes_results(lm_eval, tmp_path, task_f
     # the same output again is refused before anything is evaluated, and allowed with --overwrite
     assert main(argv) == 2
     assert "already holds results.json" in capsys.readouterr().err
-    assert main([*argv[:2], "--tasks", TASK, "--include-path", str(task_folder), "--output-path", str(out), "--overwrite", "--limit", "1"]) == 0
+    assert (
+        main(
+            [
+                *argv[:2],
+                "--tasks",
+                TASK,
+                "--include-path",
+                str(task_folder),
+                "--output-path",
+                str(out),
+                "--overwrite",
+                "--limit",
+                "1",
+            ]
+        )
+        == 0
+    )
 
 
 def test_eval_command_refuses_what_cannot_work_before_loading(lm_eval, tmp_path, arm, task_folder, capsys):
     cases = [
-        (["--tasks", "no_such_task_anywhere", "--include-path", str(task_folder)], "unknown task no_such_task_anywhere"),
+        (
+            ["--tasks", "no_such_task_anywhere", "--include-path", str(task_folder)],
+            "unknown task no_such_task_anywhere",
+        ),
         (["--tasks", TASK, "--include-path", str(tmp_path / "none")], "no such folder"),
         (["--tasks", TASK, "--include-path", str(task_folder), "--subfolder", "a", "b"], "--subfolder"),
     ]
@@ -139,8 +181,22 @@ def test_table_puts_each_arm_in_a_column():
     from gated_qwen.tools.evaluation import format_table
 
     results = {
-        "baseline": {"results": {"hellaswag": {"alias": "hellaswag", "sample_len": 10042, "acc,none": 0.41, "acc_stderr,none": 0.005, "acc_norm,none": 0.52}}, "n-shot": {"hellaswag": 0}},
-        "headwise": {"results": {"hellaswag": {"acc,none": 0.43, "acc_stderr,none": 0.005}}, "n-shot": {"hellaswag": 0}},
+        "baseline": {
+            "results": {
+                "hellaswag": {
+                    "alias": "hellaswag",
+                    "sample_len": 10042,
+                    "acc,none": 0.41,
+                    "acc_stderr,none": 0.005,
+                    "acc_norm,none": 0.52,
+                }
+            },
+            "n-shot": {"hellaswag": 0},
+        },
+        "headwise": {
+            "results": {"hellaswag": {"acc,none": 0.43, "acc_stderr,none": 0.005}},
+            "n-shot": {"hellaswag": 0},
+        },
     }
     lines = format_table(results).splitlines()
     assert lines[2] == "| hellaswag | acc | 0 | 0.4100 ± 0.0050 | 0.4300 ± 0.0050 |"

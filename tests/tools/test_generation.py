@@ -16,9 +16,10 @@ from conftest import write_released_checkpoint, write_tiny_tokenizer
 from transformers import AutoTokenizer
 
 from gated_qwen import Qwen3GatedForCausalLM, default_models
+from gated_qwen.cli import main
 from gated_qwen.tools import generation
 from gated_qwen.utils import devices
-from gated_qwen.cli import main
+
 
 PROMPTS = ["Hello world", "def add(a, b):\n    return", "The gate"]
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
@@ -51,7 +52,9 @@ def reference_completion(folder: Path, prompt: str, max_new_tokens: int) -> str:
     model = Qwen3GatedForCausalLM.from_pretrained(folder)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     inputs = tokenizer([prompt], return_tensors="pt")
-    output = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=tokenizer.eos_token_id)
+    output = model.generate(
+        **inputs, max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=tokenizer.eos_token_id
+    )
     return tokenizer.decode(output[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
 
 
@@ -78,14 +81,28 @@ def test_batched_greedy_equals_one_prompt_at_a_time(checkpoint, capsys):
     _, batched_out, _ = run_generate(capsys, "--batch-size", 3, *common)
     _, single_out, _ = run_generate(capsys, "--batch-size", 1, *common)
     batched, single = json_records(batched_out), json_records(single_out)
-    assert len({len(generation.load_tokenizer(str(checkpoint))(p)["input_ids"]) for p in PROMPTS}) > 1  # padding happens
-    assert [(r["completion"], r["new_tokens"]) for r in batched] == [(r["completion"], r["new_tokens"]) for r in single]
+    assert (
+        len({len(generation.load_tokenizer(str(checkpoint))(p)["input_ids"]) for p in PROMPTS}) > 1
+    )  # padding happens
+    assert [(r["completion"], r["new_tokens"]) for r in batched] == [
+        (r["completion"], r["new_tokens"]) for r in single
+    ]
 
 
 def test_seed_reproduces_a_sampled_output(checkpoint, capsys):
     def sample(seed):
         code, out, err = run_generate(
-            capsys, "--model", checkpoint, "--json", "--max-new-tokens", 16, "--temperature", 1.5, "--seed", seed, *PROMPTS[:2]
+            capsys,
+            "--model",
+            checkpoint,
+            "--json",
+            "--max-new-tokens",
+            16,
+            "--temperature",
+            1.5,
+            "--seed",
+            seed,
+            *PROMPTS[:2],
         )
         assert code == 0, err
         return [r["completion"] for r in json_records(out)]
@@ -99,7 +116,9 @@ def test_seed_reproduces_a_sampled_output(checkpoint, capsys):
 def test_streaming_prints_the_same_text_as_not_streaming(checkpoint, capsys, monkeypatch):
     puts = []
     original_put = generation.CompletionStreamer.put
-    monkeypatch.setattr(generation.CompletionStreamer, "put", lambda self, value: puts.append(1) or original_put(self, value))
+    monkeypatch.setattr(
+        generation.CompletionStreamer, "put", lambda self, value: puts.append(1) or original_put(self, value)
+    )
     args = ("--model", checkpoint, "--max-new-tokens", 12, PROMPTS[1])
     code, streamed, err = run_generate(capsys, *args)
     assert code == 0, err
@@ -147,11 +166,14 @@ def test_prompts_from_file_and_stdin(checkpoint, capsys, monkeypatch, tmp_path):
     monkeypatch.setattr(sys, "stdin", io.StringIO(prompts_file.read_text()))
     _, from_stdin, _ = run_generate(capsys, *common)
     _, from_args, _ = run_generate(capsys, *common, PROMPTS[0], PROMPTS[2])
+
     def prompts_and_completions(out):
         return [(r["prompt"], r["completion"]) for r in json_records(out)]
 
     assert [p for p, _ in prompts_and_completions(from_file)] == [PROMPTS[0], PROMPTS[2]]
-    assert prompts_and_completions(from_file) == prompts_and_completions(from_stdin) == prompts_and_completions(from_args)
+    assert (
+        prompts_and_completions(from_file) == prompts_and_completions(from_stdin) == prompts_and_completions(from_args)
+    )
 
 
 def test_several_prompts_print_one_block_each(checkpoint, capsys):
@@ -200,7 +222,10 @@ def test_missing_model_without_embedded_default(capsys, monkeypatch):
 
 def test_missing_model_folder(tmp_path, capsys):
     assert_one_line_error(*run_generate(capsys, "--model", tmp_path / "nowhere", "Hello"), "nowhere does not exist")
-    assert_one_line_error(*run_generate(capsys, "--model", "./missing_dir", "Hello"), "./missing_dir does not exist: there is no such folder")
+    assert_one_line_error(
+        *run_generate(capsys, "--model", "./missing_dir", "Hello"),
+        "./missing_dir does not exist: there is no such folder",
+    )
 
 
 def test_folder_of_several_arms_asks_for_a_subfolder(checkpoint, capsys):
@@ -227,7 +252,9 @@ def test_folder_without_tokenizer_names_the_missing_files(tmp_path, capsys):
 def test_tokenizer_larger_than_the_vocabulary(tmp_path, capsys):
     write_released_checkpoint(tmp_path / "arm", vocab_size=96)
     write_tiny_tokenizer(tmp_path / "arm")
-    assert_one_line_error(*run_generate(capsys, "--model", tmp_path / "arm", "Hello"), "vocab_size is 96", "not this model's")
+    assert_one_line_error(
+        *run_generate(capsys, "--model", tmp_path / "arm", "Hello"), "vocab_size is 96", "not this model's"
+    )
 
 
 def test_bad_dtype(checkpoint, capsys):
@@ -236,13 +263,19 @@ def test_bad_dtype(checkpoint, capsys):
 
 
 def test_bad_device_and_attention_names(checkpoint, capsys):
-    assert_one_line_error(*run_generate(capsys, "--model", checkpoint, "--device", "tpu", "x"), "--device: invalid choice: 'tpu'")
-    assert_one_line_error(*run_generate(capsys, "--model", checkpoint, "--attn", "fast", "x"), "--attn: invalid choice: 'fast'", "sdpa")
+    assert_one_line_error(
+        *run_generate(capsys, "--model", checkpoint, "--device", "tpu", "x"), "--device: invalid choice: 'tpu'"
+    )
+    assert_one_line_error(
+        *run_generate(capsys, "--model", checkpoint, "--attn", "fast", "x"), "--attn: invalid choice: 'fast'", "sdpa"
+    )
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message where CUDA is missing")
 def test_unavailable_cuda_and_flash_attention(checkpoint, capsys, monkeypatch):
-    assert_one_line_error(*run_generate(capsys, "--model", checkpoint, "--device", "cuda", "x"), "device cuda is unavailable")
+    assert_one_line_error(
+        *run_generate(capsys, "--model", checkpoint, "--device", "cuda", "x"), "device cuda is unavailable"
+    )
     code, out, err = run_generate(capsys, "--model", checkpoint, "--attn", "flash_attention_2", "x")
     assert_one_line_error(code, out, err, "flash_attention_2 needs a CUDA device")
     # on a CUDA machine without the package
@@ -323,7 +356,9 @@ def test_attention_that_fails_to_compile_is_one_message(checkpoint, monkeypatch)
 
     monkeypatch.setattr(model, "generate", failing_generate)
     config = generation.build_generation_config(model, tokenizer, max_new_tokens=2)
-    with pytest.raises(generation.GatedQwenError, match=r"failed to compile on cpu \(C\+\+ compile error\); use --attn sdpa"):
+    with pytest.raises(
+        generation.GatedQwenError, match=r"failed to compile on cpu \(C\+\+ compile error\); use --attn sdpa"
+    ):
         list(generation.generate(model, tokenizer, ["Hello"], config))
 
 
@@ -349,7 +384,9 @@ def test_released_arm_with_qwen_tokenizer_batches_like_one_at_a_time(released_ar
     _, single_out, _ = run_generate(capsys, "--batch-size", 1, *common)
     batched, single = json_records(batched_out), json_records(single_out)
     assert len({len(tokenizer(p)["input_ids"]) for p in PROMPTS}) > 1  # padding happens
-    assert [(r["completion"], r["new_tokens"]) for r in batched] == [(r["completion"], r["new_tokens"]) for r in single]
+    assert [(r["completion"], r["new_tokens"]) for r in batched] == [
+        (r["completion"], r["new_tokens"]) for r in single
+    ]
     assert all(r["new_tokens"] > 0 for r in batched)
     assert single[0]["completion"] == reference_completion(released_arm, PROMPTS[0], 8)
 
@@ -369,9 +406,14 @@ class Payload:
 def test_a_malicious_bin_is_one_line_not_a_traceback(tmp_path, capsys):
     spec = write_released_checkpoint(tmp_path / "arm", vocab_size=320)
     write_tiny_tokenizer(tmp_path / "arm")
-    torch.save({**spec["tensors"], "lm_head.weight": Payload(tmp_path / "payload-ran")}, tmp_path / "arm" / "pytorch_model.bin")
+    torch.save(
+        {**spec["tensors"], "lm_head.weight": Payload(tmp_path / "payload-ran")},
+        tmp_path / "arm" / "pytorch_model.bin",
+    )
     code, out, err = run_generate(capsys, "--model", tmp_path / "arm", "Hello")
-    assert_one_line_error(code, out, err, "pytorch_model.bin holds a pickle that is not plain tensors", "nothing in it ran")
+    assert_one_line_error(
+        code, out, err, "pytorch_model.bin holds a pickle that is not plain tensors", "nothing in it ran"
+    )
     assert not (tmp_path / "payload-ran").exists()
 
 
@@ -383,7 +425,9 @@ def test_the_first_command_gives_the_same_text_every_run(capsys):
     runs = [run_generate(capsys, "--max-new-tokens", 24, "--no-stream", prompt) for _ in range(2)]
     assert runs[0][0] == 0 and runs[0] == runs[1]
     assert run_generate(capsys, "--max-new-tokens", 24, "--no-stream", "--seed", 0, prompt) == runs[0]
-    assert run_generate(capsys, "--max-new-tokens", 24, "--no-stream", "--seed", 1, prompt)[1] != runs[0][1]  # it samples
+    assert (
+        run_generate(capsys, "--max-new-tokens", 24, "--no-stream", "--seed", 1, prompt)[1] != runs[0][1]
+    )  # it samples
 
 
 def test_terminal_stays_clean_unless_verbose(capfd):
@@ -402,6 +446,12 @@ def test_a_bare_model_checkpoint_is_refused(tmp_path, capsys):
     from gated_qwen import Qwen3GatedModel
 
     write_released_checkpoint(tmp_path / "src", vocab_size=320)
-    Qwen3GatedModel(Qwen3GatedForCausalLM.config_class.from_pretrained(tmp_path / "src")).save_pretrained(tmp_path / "bare")
+    Qwen3GatedModel(Qwen3GatedForCausalLM.config_class.from_pretrained(tmp_path / "src")).save_pretrained(
+        tmp_path / "bare"
+    )
     write_tiny_tokenizer(tmp_path / "bare")
-    assert_one_line_error(*run_generate(capsys, "--model", tmp_path / "bare", "Hello"), "lacks lm_head.weight", "not a complete causal language model")
+    assert_one_line_error(
+        *run_generate(capsys, "--model", tmp_path / "bare", "Hello"),
+        "lacks lm_head.weight",
+        "not a complete causal language model",
+    )

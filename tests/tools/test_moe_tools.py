@@ -14,6 +14,7 @@ from gated_qwen.cli.inspect import describe
 from gated_qwen.tools import analysis
 from gated_qwen.tools.generation import load_model
 
+
 REPO_CONFIGS = __import__("pathlib").Path(__file__).resolve().parents[2] / "gated_qwen" / "configs"
 
 
@@ -53,8 +54,23 @@ def test_the_papers_moe_config_has_its_stated_size():
 
 
 def test_generate_runs_a_moe_checkpoint(gated_moe, capsys):
-    assert main(["generate", "--model", str(gated_moe), "Hello world", "--max-new-tokens", "4", "--device", "cpu", "--json",
-                 "--no-stream"]) == 0
+    assert (
+        main(
+            [
+                "generate",
+                "--model",
+                str(gated_moe),
+                "Hello world",
+                "--max-new-tokens",
+                "4",
+                "--device",
+                "cpu",
+                "--json",
+                "--no-stream",
+            ]
+        )
+        == 0
+    )
     result = json.loads(capsys.readouterr().out.splitlines()[0])
     assert result["new_tokens"] == 4
     model = load_model(str(gated_moe), device="cpu")
@@ -82,15 +98,35 @@ def test_router_load_beside_the_gates(gated_moe, stock_moe_dense_layer, tmp_path
 
 def test_analyze_reports_router_load_and_gates(gated_moe, tmp_path, capsys):
     out = tmp_path / "analysis"
-    assert main(["analyze", str(gated_moe), "--prompt", "The gate scales each head. Hello world, hello gates.",
-                 "--out", str(out), "--no-plots", "--device", "cpu"]) == 0
+    assert (
+        main(
+            [
+                "analyze",
+                str(gated_moe),
+                "--prompt",
+                "The gate scales each head. Hello world, hello gates.",
+                "--out",
+                str(out),
+                "--no-plots",
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     report = json.loads((out / "analysis.json").read_text())["models"]["gated"]
     assert report["gates"] is not None and [row["layer"] for row in report["router_load"]] == [0, 2]
     assert "router max/even" in capsys.readouterr().out
 
 
 def test_bench_has_moe_sizes_with_the_gates_cost_beside_the_experts():
-    from gated_qwen.tools.benchmark import BenchmarkOptions, build_arms, format_markdown, parameter_counts, run_benchmark
+    from gated_qwen.tools.benchmark import (
+        BenchmarkOptions,
+        build_arms,
+        format_markdown,
+        parameter_counts,
+        run_benchmark,
+    )
 
     counts = parameter_counts(BenchmarkOptions(size="moe-tiny"))
     parameters, active = counts["parameters"], counts["active_parameters"]
@@ -101,12 +137,25 @@ def test_bench_has_moe_sizes_with_the_gates_cost_beside_the_experts():
     assert active["headwise"] / active["none"] > parameters["headwise"] / parameters["none"]
     arms = build_arms(BenchmarkOptions(size="moe-tiny"))
     assert [type(arm).__name__ for arm in arms.values()] == [
-        "Qwen3MoeForCausalLM", "Qwen3MoeGatedForCausalLM", "Qwen3MoeGatedForCausalLM", "Qwen3MoeGatedForCausalLM"]
+        "Qwen3MoeForCausalLM",
+        "Qwen3MoeGatedForCausalLM",
+        "Qwen3MoeGatedForCausalLM",
+        "Qwen3MoeGatedForCausalLM",
+    ]
     ids = torch.randint(256, (1, 8), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         assert torch.equal(arms["qwen3"](ids).logits, arms["none"](ids).logits)
-    result = run_benchmark(BenchmarkOptions(size="moe-tiny", repeats=1, prompt_length=8, new_tokens=4, batch_sizes=(1,),
-                                            loading=False, conversion=False))
+    result = run_benchmark(
+        BenchmarkOptions(
+            size="moe-tiny",
+            repeats=1,
+            prompt_length=8,
+            new_tokens=4,
+            batch_sizes=(1,),
+            loading=False,
+            conversion=False,
+        )
+    )
     assert "| Qwen3MoeGated headwise |" in format_markdown(result) and "active params" in format_markdown(result)
 
 
@@ -121,9 +170,15 @@ def test_eval_harness_loglikelihoods_of_a_moe_equal_its_own(gated_moe, tmp_path)
     task_folder = write_task_folder(tmp_path)
     model, tokenizer = load_model_and_tokenizer(str(gated_moe), device="cpu", dtype="float32")
     assert type(model).__name__ == "Qwen3MoeGatedForCausalLM"
-    result = evaluate(model, tokenizer, [TASK], include_path=task_folder, log_samples=True, bootstrap_iters=0, batch_size=2)
+    result = evaluate(
+        model, tokenizer, [TASK], include_path=task_folder, log_samples=True, bootstrap_iters=0, batch_size=2
+    )
     samples = sorted(result["samples"][TASK], key=lambda sample: sample["doc_id"])
     assert len(samples) == len(ITEMS)
     for item, sample in zip(ITEMS, samples):
-        expected = [loglikelihood_by_hand(model, tokenizer, item["question"], " " + choice) for choice in item["choices"]]
-        assert [float(loglikelihood) for loglikelihood, _ in sample["filtered_resps"]] == pytest.approx(expected, abs=1e-4)
+        expected = [
+            loglikelihood_by_hand(model, tokenizer, item["question"], " " + choice) for choice in item["choices"]
+        ]
+        assert [float(loglikelihood) for loglikelihood, _ in sample["filtered_resps"]] == pytest.approx(
+            expected, abs=1e-4
+        )

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import write_released_arm, write_released_checkpoint, write_tiny_tokenizer, write_training_corpus
 from transformers import GenerationConfig
 
 from gated_qwen import Qwen3GatedForCausalLM, convert_checkpoint, convert_qwen3_to_gated
@@ -29,7 +30,6 @@ from gated_qwen.tools.training import (
     unigram_perplexity,
 )
 
-from conftest import write_released_arm, write_released_checkpoint, write_tiny_tokenizer, write_training_corpus
 
 TINY_CONFIG = str(Path(__file__).parents[2] / "configs" / "tiny_headwise.json")
 
@@ -40,11 +40,24 @@ def corpus(tmp_path):
 
 
 def tiny_args(corpus: Path, out: Path, **overrides) -> TrainingArguments:
-    values = dict(
-        train_file=str(corpus), heldout_file=str(corpus), output_dir=str(out), config=TINY_CONFIG, gate="headwise",
-        vocab_size=300, seq_len=32, batch_size=4, max_steps=12, learning_rate=3e-3, warmup_steps=2,
-        eval_every=4, eval_rows=8, seed=0, threads=1, progress=False,
-    )
+    values = {
+        "train_file": str(corpus),
+        "heldout_file": str(corpus),
+        "output_dir": str(out),
+        "config": TINY_CONFIG,
+        "gate": "headwise",
+        "vocab_size": 300,
+        "seq_len": 32,
+        "batch_size": 4,
+        "max_steps": 12,
+        "learning_rate": 3e-3,
+        "warmup_steps": 2,
+        "eval_every": 4,
+        "eval_rows": 8,
+        "seed": 0,
+        "threads": 1,
+        "progress": False,
+    }
     return TrainingArguments(**{**values, **overrides})
 
 
@@ -68,7 +81,9 @@ def test_a_few_steps_lower_the_heldout_loss(corpus, tmp_path):
 
 def test_resume_continues_at_the_same_step_with_the_same_losses(corpus, tmp_path):
     train(tiny_args(corpus, tmp_path / "whole", max_steps=6, save_every=3))
-    train(tiny_args(corpus, tmp_path / "resumed", max_steps=6, save_every=3), resume=tmp_path / "whole" / "checkpoint-3")
+    train(
+        tiny_args(corpus, tmp_path / "resumed", max_steps=6, save_every=3), resume=tmp_path / "whole" / "checkpoint-3"
+    )
     whole, resumed = read_log(tmp_path / "whole"), read_log(tmp_path / "resumed")
     assert [row["step"] for row in resumed] == ["4", "5", "6"]
     assert [row["train_loss"] for row in resumed] == [row["train_loss"] for row in whole[-3:]]
@@ -107,14 +122,18 @@ def test_unigram_perplexity_is_the_smoothed_frequency():
 
 
 def test_cli_reports_a_missing_train_file(tmp_path, capsys):
-    status = main(["train", "--train-file", str(tmp_path / "nope.jsonl"), "--out", str(tmp_path / "o"), "--max-steps", "1"])
+    status = main(
+        ["train", "--train-file", str(tmp_path / "nope.jsonl"), "--out", str(tmp_path / "o"), "--max-steps", "1"]
+    )
     assert status == 2
     assert "nope.jsonl does not exist" in capsys.readouterr().err
 
 
 def test_cli_reports_a_malformed_corpus_line(tmp_path, capsys):
     (tmp_path / "bad.jsonl").write_text('{"text": "fine"}\nnot json\n')
-    status = main(["train", "--train-file", str(tmp_path / "bad.jsonl"), "--out", str(tmp_path / "o"), "--max-steps", "1"])
+    status = main(
+        ["train", "--train-file", str(tmp_path / "bad.jsonl"), "--out", str(tmp_path / "o"), "--max-steps", "1"]
+    )
     assert status == 2
     assert "bad.jsonl:2" in capsys.readouterr().err
 
@@ -159,8 +178,15 @@ def write_stock_checkpoint(folder: Path, attention_bias: bool = False, tokenizer
 
     torch.manual_seed(seed)
     config = Qwen3Config(
-        vocab_size=320, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=8, max_position_embeddings=64, attention_bias=attention_bias,
+        vocab_size=320,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=64,
+        attention_bias=attention_bias,
         tie_word_embeddings=False,
     )
     Qwen3ForCausalLM(config).save_pretrained(folder)
@@ -171,7 +197,9 @@ def write_stock_checkpoint(folder: Path, attention_bias: bool = False, tokenizer
 
 def continue_args(corpus: Path, out: Path, source: Path, **overrides) -> TrainingArguments:
     """tiny_args for continuing ``source``: its architecture and tokenizer, not a config or a trained BPE."""
-    return tiny_args(corpus, out, **{"config": None, "gate": None, "vocab_size": None, "init_from": str(source), **overrides})
+    return tiny_args(
+        corpus, out, **{"config": None, "gate": None, "vocab_size": None, "init_from": str(source), **overrides}
+    )
 
 
 def load(folder: Path) -> Qwen3GatedForCausalLM:
@@ -224,8 +252,17 @@ def test_init_from_the_released_baseline_arm_as_downloaded(corpus, tmp_path):
 
     arm = tmp_path / "1B_baseline"
     write_released_arm(arm, gate="none")
-    args = continue_args(corpus, tmp_path / "run", arm, max_steps=2, batch_size=2, seq_len=16, eval_rows=2,
-                         gate="headwise", trainable="gate")
+    args = continue_args(
+        corpus,
+        tmp_path / "run",
+        arm,
+        max_steps=2,
+        batch_size=2,
+        seq_len=16,
+        eval_rows=2,
+        gate="headwise",
+        trainable="gate",
+    )
     summary = train(args)
     final = Path(args.output_dir) / "final"
     assert summary["gate"] == load(final).config.gate_type == "headwise"
@@ -272,7 +309,9 @@ def test_gate_lr_scale_scales_the_gate_rows_update_only(corpus, tmp_path, releas
     before = load(source).state_dict()
     finals, logged_lr = {}, set()
     for scale in (1.0, 8.0):
-        args = continue_args(corpus, tmp_path / f"scale{scale}", source, max_steps=1, warmup_steps=0, gate_lr_scale=scale)
+        args = continue_args(
+            corpus, tmp_path / f"scale{scale}", source, max_steps=1, warmup_steps=0, gate_lr_scale=scale
+        )
         train(args)
         finals[scale] = load(Path(args.output_dir) / "final").state_dict()
         logged_lr.add(read_log(Path(args.output_dir))[1]["lr"])
@@ -282,7 +321,9 @@ def test_gate_lr_scale_scales_the_gate_rows_update_only(corpus, tmp_path, releas
         if ".self_attn.q_proj." not in name:
             assert torch.equal(finals[1.0][name], finals[8.0][name]), name
             continue
-        (query, gate), (query_1, gate_1), (query_8, gate_8) = (split_rows(model, t) for t in (tensor, finals[1.0][name], finals[8.0][name]))
+        (query, gate), (query_1, gate_1), (query_8, gate_8) = (
+            split_rows(model, t) for t in (tensor, finals[1.0][name], finals[8.0][name])
+        )
         assert torch.equal(query_1, query_8), name
         # AdamW's step (its Adam part and its decay) is linear in the learning rate
         assert not torch.equal(gate_1, gate)
@@ -290,7 +331,7 @@ def test_gate_lr_scale_scales_the_gate_rows_update_only(corpus, tmp_path, releas
 
 
 @pytest.mark.parametrize(
-    "options", [dict(gate="headwise", gate_init="random"), dict(gate="headwise", trainable="gate", gate_lr_scale=5.0)]
+    "options", [{"gate": "headwise", "gate_init": "random"}, {"gate": "headwise", "trainable": "gate", "gate_lr_scale": 5.0}]
 )
 def test_resume_with_init_from_equals_an_uninterrupted_run(corpus, tmp_path, options):
     stock = write_stock_checkpoint(tmp_path / "stock")
@@ -306,7 +347,14 @@ def test_resume_with_init_from_equals_an_uninterrupted_run(corpus, tmp_path, opt
 
 def test_a_random_gate_init_is_drawn_again_from_the_seed(tmp_path):
     stock = write_stock_checkpoint(tmp_path / "stock")
-    args = TrainingArguments(train_file="unused", output_dir="unused", max_steps=1, init_from=str(stock), gate="headwise", gate_init="random")
+    args = TrainingArguments(
+        train_file="unused",
+        output_dir="unused",
+        max_steps=1,
+        init_from=str(stock),
+        gate="headwise",
+        gate_init="random",
+    )
     q_proj = "model.layers.0.self_attn.q_proj.weight"
     first, again = (load_initial_model(args).state_dict()[q_proj] for _ in range(2))
     other = load_initial_model(dataclasses.replace(args, seed=1)).state_dict()[q_proj]
@@ -317,22 +365,49 @@ def test_resume_refuses_a_different_trainable(corpus, tmp_path):
     stock = write_stock_checkpoint(tmp_path / "stock")
     train(continue_args(corpus, tmp_path / "run", stock, max_steps=1, gate="headwise"))
     with pytest.raises(TrainingError, match="trainable"):
-        train(continue_args(corpus, tmp_path / "other", stock, max_steps=1, gate="headwise", trainable="gate"), resume=tmp_path / "run")
+        train(
+            continue_args(corpus, tmp_path / "other", stock, max_steps=1, gate="headwise", trainable="gate"),
+            resume=tmp_path / "run",
+        )
 
 
 BAD_COMBINATIONS = {
     "--gate on a gated checkpoint": (["--init-from", "{gated}", "--gate", "headwise"], "already has a headwise gate"),
     "--gate none with --init-from": (["--init-from", "{stock}", "--gate", "none"], "'none' converts nothing"),
-    "--trainable gate without a gate": (["--init-from", "{stock}", "--trainable", "gate"], "has no gate, so --trainable gate would train nothing"),
-    "--gate-lr-scale without a gate": (["--init-from", "{stock}", "--gate-lr-scale", "4"], "has no gate, so --gate-lr-scale"),
-    "--gate-lr-scale from scratch without a gate": (["--gate", "none", "--gate-lr-scale", "4"], "the model has no gate"),
-    "--gate-lr-scale not positive": (["--init-from", "{gated}", "--gate-lr-scale", "0"], "--gate-lr-scale must be a positive number"),
+    "--trainable gate without a gate": (
+        ["--init-from", "{stock}", "--trainable", "gate"],
+        "has no gate, so --trainable gate would train nothing",
+    ),
+    "--gate-lr-scale without a gate": (
+        ["--init-from", "{stock}", "--gate-lr-scale", "4"],
+        "has no gate, so --gate-lr-scale",
+    ),
+    "--gate-lr-scale from scratch without a gate": (
+        ["--gate", "none", "--gate-lr-scale", "4"],
+        "the model has no gate",
+    ),
+    "--gate-lr-scale not positive": (
+        ["--init-from", "{gated}", "--gate-lr-scale", "0"],
+        "--gate-lr-scale must be a positive number",
+    ),
     "--init without --gate": (["--init-from", "{stock}", "--init", "random"], "--init says how --gate converts"),
     "--init without --init-from": (["--gate", "headwise", "--init", "identity"], "--init says how --gate converts"),
-    "--config with --init-from": (["--init-from", "{stock}", "--config", TINY_CONFIG], "--config does not apply with --init-from"),
-    "--vocab-size with --init-from": (["--init-from", "{stock}", "--vocab-size", "300"], "--vocab-size does not apply with --init-from"),
-    "--tokenizer with --init-from": (["--init-from", "{stock}", "--tokenizer", "{stock}"], "--tokenizer does not apply with --init-from"),
-    "--trainable gate from scratch": (["--trainable", "gate"], "--trainable gate trains only the gate of a pretrained model"),
+    "--config with --init-from": (
+        ["--init-from", "{stock}", "--config", TINY_CONFIG],
+        "--config does not apply with --init-from",
+    ),
+    "--vocab-size with --init-from": (
+        ["--init-from", "{stock}", "--vocab-size", "300"],
+        "--vocab-size does not apply with --init-from",
+    ),
+    "--tokenizer with --init-from": (
+        ["--init-from", "{stock}", "--tokenizer", "{stock}"],
+        "--tokenizer does not apply with --init-from",
+    ),
+    "--trainable gate from scratch": (
+        ["--trainable", "gate"],
+        "--trainable gate trains only the gate of a pretrained model",
+    ),
     "--subfolder without --init-from": (["--subfolder", "arm"], "--subfolder applies to the --init-from checkpoint"),
     "a missing checkpoint": (["--init-from", "{missing}"], "does not exist"),
     "a checkpoint without a tokenizer": (["--init-from", "{bare}"], "has no tokenizer files"),
@@ -368,6 +443,7 @@ def test_cli_refuses_a_bad_combination_in_one_line(corpus, tmp_path, checkpoints
     assert fragment in lines[0], lines[0]
     assert not out.exists()  # refused before anything was written
 
+
 # ---------------------------------------------------------------------------------------------- writing and resuming safely
 
 
@@ -382,10 +458,41 @@ def finished_run(tmp_path_factory):
 
 def cli_train(corpus: Path, out: Path, *extra: str) -> list[str]:
     """The command line of tiny_args(corpus, out, max_steps=4, save_every=2)."""
-    return ["train", "--train-file", str(corpus), "--heldout-file", str(corpus), "--out", str(out), "--config", TINY_CONFIG,
-            "--gate", "headwise", "--vocab-size", "300", "--seq-len", "32", "--batch-size", "4", "--max-steps", "4",
-            "--lr", "3e-3", "--warmup-steps", "2", "--eval-every", "4", "--eval-rows", "8", "--save-every", "2",
-            "--threads", "1", "--no-progress", *extra]
+    return [
+        "train",
+        "--train-file",
+        str(corpus),
+        "--heldout-file",
+        str(corpus),
+        "--out",
+        str(out),
+        "--config",
+        TINY_CONFIG,
+        "--gate",
+        "headwise",
+        "--vocab-size",
+        "300",
+        "--seq-len",
+        "32",
+        "--batch-size",
+        "4",
+        "--max-steps",
+        "4",
+        "--lr",
+        "3e-3",
+        "--warmup-steps",
+        "2",
+        "--eval-every",
+        "4",
+        "--eval-rows",
+        "8",
+        "--save-every",
+        "2",
+        "--threads",
+        "1",
+        "--no-progress",
+        *extra,
+    ]
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:
@@ -401,8 +508,24 @@ def assert_one_line(err: str, *parts: str) -> None:
 def test_empty_training_text_writes_nothing_and_a_rerun_works(corpus, tmp_path, capsys):
     (tmp_path / "empty.txt").write_text("")
     out = tmp_path / "run"
-    args = ["train", "--train-file", str(tmp_path / "empty.txt"), "--out", str(out), "--config", TINY_CONFIG,
-            "--vocab-size", "300", "--seq-len", "32", "--batch-size", "4", "--max-steps", "1", "--no-progress"]
+    args = [
+        "train",
+        "--train-file",
+        str(tmp_path / "empty.txt"),
+        "--out",
+        str(out),
+        "--config",
+        TINY_CONFIG,
+        "--vocab-size",
+        "300",
+        "--seq-len",
+        "32",
+        "--batch-size",
+        "4",
+        "--max-steps",
+        "1",
+        "--no-progress",
+    ]
     assert main(args) == 2
     assert_one_line(capsys.readouterr().err, "fewer than one batch")
     assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["corpus.jsonl", "empty.txt"]
@@ -421,7 +544,9 @@ def test_empty_training_text_writes_nothing_and_a_rerun_works(corpus, tmp_path, 
         ("rng_state.pth", "delete", "has no rng_state.pth"),
     ],
 )
-def test_resume_from_a_damaged_checkpoint_names_the_file_and_writes_nothing(finished_run, tmp_path, capsys, damaged, damage, message):
+def test_resume_from_a_damaged_checkpoint_names_the_file_and_writes_nothing(
+    finished_run, tmp_path, capsys, damaged, damage, message
+):
     import shutil
 
     corpus, run, _ = finished_run
@@ -434,8 +559,12 @@ def test_resume_from_a_damaged_checkpoint_names_the_file_and_writes_nothing(fini
         path.unlink()
     before = snapshot(copy)
     assert main(cli_train(corpus, tmp_path / "elsewhere", "--resume", str(copy))) == 2
-    assert_one_line(capsys.readouterr().err, str(path) if damage == "truncate" else message, message,
-                    f"resume from {copy / 'checkpoint-2'} instead")
+    assert_one_line(
+        capsys.readouterr().err,
+        str(path) if damage == "truncate" else message,
+        message,
+        f"resume from {copy / 'checkpoint-2'} instead",
+    )
     assert main(cli_train(corpus, copy, "--resume", str(copy))) == 2  # resumed into its own folder
     assert snapshot(copy) == before and not (tmp_path / "elsewhere").exists()
 
@@ -471,7 +600,10 @@ def test_resuming_a_finished_run_keeps_its_results(finished_run, tmp_path):
     shutil.copytree(run, copy)
     before = snapshot(copy)
     again = train(tiny_args(corpus, copy, max_steps=4, save_every=2), resume=copy)
-    assert again == json.loads((copy / "summary.json").read_text()) and again["final_train_loss"] == summary["final_train_loss"]
+    assert (
+        again == json.loads((copy / "summary.json").read_text())
+        and again["final_train_loss"] == summary["final_train_loss"]
+    )
     assert snapshot(copy) == before  # nothing rewritten
 
     # killed after its last checkpoint, before summary.json: resuming finishes it with the same results

@@ -20,6 +20,7 @@ from gated_qwen.tools.training import (
 )
 from gated_qwen.tools.training.data import shard_documents
 
+
 DOCUMENTS = [f"{i}: {text}" for i in range(12) for text in TOKENIZER_TEXT]
 
 
@@ -34,8 +35,17 @@ def write_jsonl(path: Path, field: str = "text") -> Path:
 
 
 def rows(args: TrainingArguments, tokenizer, count: int = 12, **kwargs) -> list[list[int]]:
-    stream = iter(PackedRows(load_documents(args), tokenizer, args.seq_len, num_shards=kwargs.get("shards", 1),
-                             rank=kwargs.get("rank", 0), world_size=kwargs.get("world", 1), seed=args.seed))
+    stream = iter(
+        PackedRows(
+            load_documents(args),
+            tokenizer,
+            args.seq_len,
+            num_shards=kwargs.get("shards", 1),
+            rank=kwargs.get("rank", 0),
+            world_size=kwargs.get("world", 1),
+            seed=args.seed,
+        )
+    )
     return [next(stream)["input_ids"].tolist() for _ in range(count)]
 
 
@@ -44,17 +54,21 @@ def test_jsonl_parquet_and_streaming_give_the_same_rows(tmp_path, tokenizer):
 
     jsonl = write_jsonl(tmp_path / "t.jsonl")
     datasets.Dataset.from_dict({"text": DOCUMENTS}).to_parquet(str(tmp_path / "t.parquet"))
-    base = dict(output_dir="unused", max_steps=1, seq_len=16)
+    base = {"output_dir": "unused", "max_steps": 1, "seq_len": 16}
     documents = load_documents(TrainingArguments(train_file=str(jsonl), **base))
     epoch = list(PackedRows(documents, tokenizer, 16, num_shards=1, rank=0, world_size=1, seed=0).packed_rows(0))
     assert len(epoch) >= 12  # one pass over the documents, in their order
     reference = rows(TrainingArguments(train_file=str(jsonl), **base), tokenizer, 2 * len(epoch))  # the Arrow cache
-    assert rows(TrainingArguments(train_file=str(tmp_path / "t.parquet"), **base), tokenizer, 2 * len(epoch)) == reference
+    assert (
+        rows(TrainingArguments(train_file=str(tmp_path / "t.parquet"), **base), tokenizer, 2 * len(epoch)) == reference
+    )
     # every epoch is a permutation of all the rows, drawn from seed + epoch
     for index in range(2):
         order = torch.randperm(len(epoch), generator=torch.Generator().manual_seed(index)).tolist()
         assert reference[index * len(epoch) : (index + 1) * len(epoch)] == [epoch[i] for i in order]
-    assert rows(TrainingArguments(train_file=str(jsonl), seed=1, **base), tokenizer) != reference[:12]  # the seed orders them
+    assert (
+        rows(TrainingArguments(train_file=str(jsonl), seed=1, **base), tokenizer) != reference[:12]
+    )  # the seed orders them
     streamed = rows(TrainingArguments(train_file=str(jsonl), streaming=True, **base), tokenizer, len(epoch))
     assert streamed != epoch and sorted(streamed) != sorted(epoch)  # documents shuffled before they are packed
     flat = [token for row in reference for token in row]
@@ -77,8 +91,15 @@ def test_a_dataset_folder_with_a_split_and_a_text_field(tmp_path, tokenizer):
     folder.mkdir()
     write_jsonl(folder / "train.jsonl", field="content")
     write_jsonl(folder / "validation.jsonl", field="content")
-    args = TrainingArguments(train_file=None, dataset=str(folder), split="validation", text_field="content",
-                             output_dir="unused", max_steps=1, seq_len=16)
+    args = TrainingArguments(
+        train_file=None,
+        dataset=str(folder),
+        split="validation",
+        text_field="content",
+        output_dir="unused",
+        max_steps=1,
+        seq_len=16,
+    )
     documents = load_documents(args)
     assert documents.column_names == ["text"] and next(iter(documents))["text"] == DOCUMENTS[0]
     with pytest.raises(TrainingError, match="has no 'text' field .*content.*--text-field"):
@@ -88,27 +109,47 @@ def test_a_dataset_folder_with_a_split_and_a_text_field(tmp_path, tokenizer):
 def test_shards_split_the_documents_without_overlap(tmp_path):
     jsonl = write_jsonl(tmp_path / "t.jsonl")
     for streaming in (False, True):
-        documents = load_documents(TrainingArguments(train_file=str(jsonl), output_dir="u", max_steps=1, streaming=streaming))
+        documents = load_documents(
+            TrainingArguments(train_file=str(jsonl), output_dir="u", max_steps=1, streaming=streaming)
+        )
         parts = [[row["text"] for row in shard_documents(documents, 4, index)] for index in range(4)]
         assert sorted(sum(parts, [])) == sorted(DOCUMENTS) and all(parts), streaming
         assert not set(parts[0]) & set(parts[1])
 
 
 def test_processes_need_a_multiple_of_their_count_in_shards(tmp_path, tokenizer):
-    documents = load_documents(TrainingArguments(train_file=str(write_jsonl(tmp_path / "t.jsonl")), output_dir="u", max_steps=1))
-    with pytest.raises(TrainingError, match="2 processes cannot share 3 data shards evenly; pass --data-shards a multiple of 2"):
+    documents = load_documents(
+        TrainingArguments(train_file=str(write_jsonl(tmp_path / "t.jsonl")), output_dir="u", max_steps=1)
+    )
+    with pytest.raises(
+        TrainingError, match="2 processes cannot share 3 data shards evenly; pass --data-shards a multiple of 2"
+    ):
         PackedRows(documents, tokenizer, 16, num_shards=3, rank=0, world_size=2, seed=0)
 
 
 @pytest.mark.parametrize("streaming", ["--streaming", "--no-streaming"])
-@pytest.mark.parametrize("content, message", [
-    ('{"text": "fine"}\n[1, 2]\n', "t.jsonl:2 is not a JSON object"),
-    ('{"text": "fine"}\nnot json\n', "t.jsonl:2 is not a JSON object"),
-    ('{"body": "no text field"}\n', "has no 'text' field"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ('{"text": "fine"}\n[1, 2]\n', "t.jsonl:2 is not a JSON object"),
+        ('{"text": "fine"}\nnot json\n', "t.jsonl:2 is not a JSON object"),
+        ('{"body": "no text field"}\n', "has no 'text' field"),
+    ],
+)
 def test_bad_data_is_one_line(tmp_path, capsys, content, message, streaming):
     (tmp_path / "t.jsonl").write_text(content)
-    status = main(["train", "--train-file", str(tmp_path / "t.jsonl"), "--out", str(tmp_path / "o"), "--max-steps", "1", streaming])
+    status = main(
+        [
+            "train",
+            "--train-file",
+            str(tmp_path / "t.jsonl"),
+            "--out",
+            str(tmp_path / "o"),
+            "--max-steps",
+            "1",
+            streaming,
+        ]
+    )
     err = capsys.readouterr().err
     assert status == 2 and err.count("\n") == 1 and message in err, err
     assert not (tmp_path / "o").exists()
@@ -126,9 +167,36 @@ def test_cli_trains_on_a_dataset_folder_with_a_heldout_split(tmp_path, capsys):
     write_jsonl(folder / "train.jsonl", field="content")
     write_jsonl(folder / "validation.jsonl", field="content")
     config = str(Path(__file__).parents[2] / "configs" / "tiny_headwise.json")
-    status = main(["train", "--dataset", str(folder), "--text-field", "content", "--heldout-split", "validation",
-                   "--config", config, "--vocab-size", "300", "--seq-len", "16", "--batch-size", "2", "--max-steps", "2",
-                   "--eval-every", "2", "--eval-rows", "2", "--out", str(tmp_path / "run"), "--threads", "1", "--no-progress"])
+    status = main(
+        [
+            "train",
+            "--dataset",
+            str(folder),
+            "--text-field",
+            "content",
+            "--heldout-split",
+            "validation",
+            "--config",
+            config,
+            "--vocab-size",
+            "300",
+            "--seq-len",
+            "16",
+            "--batch-size",
+            "2",
+            "--max-steps",
+            "2",
+            "--eval-every",
+            "2",
+            "--eval-rows",
+            "2",
+            "--out",
+            str(tmp_path / "run"),
+            "--threads",
+            "1",
+            "--no-progress",
+        ]
+    )
     assert status == 0, capsys.readouterr().err
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["steps"] == 2 and summary["heldout"]["tokens"] == 2 * 15

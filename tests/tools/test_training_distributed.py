@@ -19,6 +19,7 @@ from gated_qwen.cli import main
 from gated_qwen.tools.training import PackedRows, load_documents, train_tokenizer
 from gated_qwen.tools.training_args import TrainingArguments
 
+
 ROOT = Path(__file__).parents[2]
 TINY_CONFIG = str(ROOT / "configs" / "tiny_headwise.json")
 
@@ -29,10 +30,41 @@ def corpus(tmp_path_factory):
 
 
 def command(corpus: Path, out: Path, batch_size: int, *extra: str) -> list[str]:
-    return ["train", "--train-file", str(corpus), "--heldout-file", str(corpus), "--out", str(out), "--config", TINY_CONFIG,
-            "--vocab-size", "300", "--seq-len", "32", "--batch-size", str(batch_size), "--data-shards", "2",
-            "--max-steps", "6", "--save-every", "3", "--lr", "3e-3", "--warmup-steps", "2", "--eval-every", "3",
-            "--eval-rows", "4", "--threads", "1", "--no-progress", *extra]
+    return [
+        "train",
+        "--train-file",
+        str(corpus),
+        "--heldout-file",
+        str(corpus),
+        "--out",
+        str(out),
+        "--config",
+        TINY_CONFIG,
+        "--vocab-size",
+        "300",
+        "--seq-len",
+        "32",
+        "--batch-size",
+        str(batch_size),
+        "--data-shards",
+        "2",
+        "--max-steps",
+        "6",
+        "--save-every",
+        "3",
+        "--lr",
+        "3e-3",
+        "--warmup-steps",
+        "2",
+        "--eval-every",
+        "3",
+        "--eval-rows",
+        "4",
+        "--threads",
+        "1",
+        "--no-progress",
+        *extra,
+    ]
 
 
 def free_port() -> int:
@@ -42,9 +74,20 @@ def free_port() -> int:
 
 
 def torchrun(argv: list[str], processes: int = 2) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}
-    launcher = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={processes}", f"--master_port={free_port()}",
-                "-m", "gated_qwen"]
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        "OMP_NUM_THREADS": "1",
+    }
+    launcher = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc_per_node={processes}",
+        f"--master_port={free_port()}",
+        "-m",
+        "gated_qwen",
+    ]
     return subprocess.run(launcher + argv, env=env, capture_output=True, text=True, timeout=600)
 
 
@@ -100,11 +143,29 @@ def test_the_schedule_steps_once_per_optimizer_step_under_two_processes(runs):
 def test_two_processes_write_one_final_folder_and_nothing_else(runs):
     pytest.importorskip("matplotlib", reason="the run's folder listing includes loss.png (the plot extra)")
     assert sorted(p.name for p in (runs / "two").iterdir()) == [
-        "checkpoint-3", "checkpoint-6", "final", "log.csv", "loss.png", "summary.json", "tokenizer", "train_args.json"
+        "checkpoint-3",
+        "checkpoint-6",
+        "final",
+        "log.csv",
+        "loss.png",
+        "summary.json",
+        "tokenizer",
+        "train_args.json",
     ]
-    assert sorted(p.name for p in (runs / "two" / "checkpoint-6").glob("rng_state*")) == ["rng_state_0.pth", "rng_state_1.pth"]
+    assert sorted(p.name for p in (runs / "two" / "checkpoint-6").glob("rng_state*")) == [
+        "rng_state_0.pth",
+        "rng_state_1.pth",
+    ]
     rows = (runs / "two" / "log.csv").read_text().splitlines()
-    assert [row.split(",")[0] for row in rows[1:]] == ["0", "1", "2", "3", "4", "5", "6"]  # one writer, no doubled rows
+    assert [row.split(",")[0] for row in rows[1:]] == [
+        "0",
+        "1",
+        "2",
+        "3",
+        "4",
+        "5",
+        "6",
+    ]  # one writer, no doubled rows
 
 
 def test_resume_under_two_processes_is_exact(runs):
@@ -144,7 +205,9 @@ def test_each_process_reads_distinct_rows_that_make_up_the_one_process_batch(cor
     rank0, rank1 = first_rows(0, 2, 8), first_rows(1, 2, 8)
     assert not set(rank0) & set(rank1)
     for step in range(2):  # a global batch of 8: 4 rows from each process
-        assert sorted(rank0[4 * step : 4 * step + 4] + rank1[4 * step : 4 * step + 4]) == sorted(one[8 * step : 8 * step + 8])
+        assert sorted(rank0[4 * step : 4 * step + 4] + rank1[4 * step : 4 * step + 4]) == sorted(
+            one[8 * step : 8 * step + 8]
+        )
 
 
 def test_gradient_accumulation_and_checkpointing_give_the_same_steps(runs, corpus, tmp_path):

@@ -16,16 +16,23 @@ from test_training_distributed import free_port
 
 from gated_qwen.cli import main
 
+
 HERE = Path(__file__).parent
 ROOT = HERE.parents[1]
 
 
 def launch(out: Path, processes: int) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        "OMP_NUM_THREADS": "1",
+    }
     prefix = [sys.executable]
     if processes > 1:
         prefix += ["-m", "torch.distributed.run", f"--nproc_per_node={processes}", f"--master_port={free_port()}"]
-    done = subprocess.run(prefix + [str(HERE / "fsdp_on_cpu.py"), str(out)], env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        prefix + [str(HERE / "fsdp_on_cpu.py"), str(out)], env=env, capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(out.read_text())
 
@@ -43,8 +50,19 @@ def test_gate_rows_shard_and_train_under_fsdp2_on_cpu(tmp_path):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU machine --fsdp runs")
 def test_cli_refuses_fsdp_without_gpus(tmp_path, capsys):
     (tmp_path / "t.jsonl").write_text('{"text": "hello"}\n')
-    status = main(["train", "--train-file", str(tmp_path / "t.jsonl"), "--out", str(tmp_path / "o"), "--max-steps", "1",
-                   "--fsdp", "full_shard auto_wrap"])
+    status = main(
+        [
+            "train",
+            "--train-file",
+            str(tmp_path / "t.jsonl"),
+            "--out",
+            str(tmp_path / "o"),
+            "--max-steps",
+            "1",
+            "--fsdp",
+            "full_shard auto_wrap",
+        ]
+    )
     err = capsys.readouterr().err
     assert status == 2 and err.count("\n") == 1 and "Traceback" not in err
     assert "--fsdp needs GPUs" in err and "DDP over gloo" in err

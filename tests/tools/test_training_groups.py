@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import tiny_config
 
 from gated_qwen import Qwen3GatedForCausalLM, convert_qwen3_to_gated
 from gated_qwen.tools.training import TrainingError, gate_parameter_groups, merge_gate_rows
-
-from conftest import tiny_config
 
 
 def gated_model(gate: str = "elementwise"):
@@ -29,7 +28,10 @@ def test_groups_keep_the_outputs_and_give_the_gate_rows_their_rate(gate):
     gate_params = [p for g in groups if g["lr_scale"] == 10.0 for p in g["params"]]
     config = model.config
     gate_dim = 1 if gate == "headwise" else config.head_dim
-    assert sum(p.numel() for p in gate_params) == config.num_hidden_layers * config.num_attention_heads * gate_dim * config.hidden_size
+    assert (
+        sum(p.numel() for p in gate_params)
+        == config.num_hidden_layers * config.num_attention_heads * gate_dim * config.hidden_size
+    )
     all_params = {id(p) for g in groups for p in g["params"]}
     assert all_params == {id(p) for p in model.parameters()}  # every parameter in exactly one group
     merge_gate_rows(model)
@@ -53,7 +55,9 @@ def test_trainable_gate_freezes_everything_else_and_an_optimizer_moves_only_the_
 def test_the_moe_gated_model_has_its_gate_rows_apart_too(stock_moe):
     from transformers import Qwen3MoeForCausalLM
 
-    model = convert_qwen3_to_gated(Qwen3MoeForCausalLM.from_pretrained(stock_moe, dtype=torch.float32), gate="headwise")
+    model = convert_qwen3_to_gated(
+        Qwen3MoeForCausalLM.from_pretrained(stock_moe, dtype=torch.float32), gate="headwise"
+    )
     groups = gate_parameter_groups(model, lr=1e-3, gate_lr_scale=4.0)
     assert sum(p.numel() for g in groups if g["lr_scale"] == 4.0 for p in g["params"]) == 2 * 4 * 32
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import tiny_moe_config_dict, write_stock_moe_checkpoint, write_tiny_tokenizer, write_training_corpus
 from transformers import AutoTokenizer, Qwen3MoeForCausalLM
 
 from gated_qwen.models.layout import split_query_and_gate
@@ -20,8 +21,6 @@ from gated_qwen.tools.training import TrainingArguments, load_initial_model, tra
 from gated_qwen.tools.training.data import PackedRows, load_documents
 from gated_qwen.tools.training.reporting import evaluate
 from gated_qwen.transforms.conversion import convert_qwen3_to_gated
-
-from conftest import tiny_moe_config_dict, write_stock_moe_checkpoint, write_tiny_tokenizer, write_training_corpus
 
 
 @pytest.fixture
@@ -36,10 +35,21 @@ def stock_moe_source(tmp_path_factory) -> Path:
 
 
 def moe_args(corpus: Path, out: Path, **overrides) -> TrainingArguments:
-    values = dict(
-        train_file=str(corpus), heldout_file=str(corpus), output_dir=str(out), seq_len=32, batch_size=4, max_steps=2,
-        learning_rate=3e-3, warmup_steps=0, eval_every=2, eval_rows=8, seed=0, threads=1, progress=False,
-    )
+    values = {
+        "train_file": str(corpus),
+        "heldout_file": str(corpus),
+        "output_dir": str(out),
+        "seq_len": 32,
+        "batch_size": 4,
+        "max_steps": 2,
+        "learning_rate": 3e-3,
+        "warmup_steps": 0,
+        "eval_every": 2,
+        "eval_rows": 8,
+        "seed": 0,
+        "threads": 1,
+        "progress": False,
+    }
     return TrainingArguments(**{**values, **overrides})
 
 
@@ -105,21 +115,35 @@ def test_trainable_gate_on_an_moe_changes_the_gate_rows_and_nothing_else(corpus,
     source = tmp_path / "stock_aux"  # with the auxiliary loss on: its gradient reaches the router too
     shutil.copytree(stock, source)
     config = json.loads((source / "config.json").read_text())
-    (source / "config.json").write_text(json.dumps({**config, "output_router_logits": True, "router_aux_loss_coef": 0.5}))
+    (source / "config.json").write_text(
+        json.dumps({**config, "output_router_logits": True, "router_aux_loss_coef": 0.5})
+    )
     before = convert_qwen3_to_gated(load_stock(source), gate="headwise").state_dict()
     before = {name: tensor.clone() for name, tensor in before.items()}
-    args = moe_args(corpus, tmp_path / "run", init_from=str(source), gate="headwise", trainable="gate",
-                    max_steps=3, weight_decay=0.1, learning_rate=1e-2)
+    args = moe_args(
+        corpus,
+        tmp_path / "run",
+        init_from=str(source),
+        gate="headwise",
+        trainable="gate",
+        max_steps=3,
+        weight_decay=0.1,
+        learning_rate=1e-2,
+    )
     summary = train(args)
     after = load_gated(tmp_path / "run" / "final")
     num_layers = after.config.num_hidden_layers
     assert summary["trainable_parameters"] == num_layers * 4 * 32  # layers x 4 heads x 32 inputs (no q bias)
     assert after.state_dict().keys() == before.keys()
-    assert any(".mlp.experts." in name for name in before) and any(name.endswith(".mlp.gate.weight") for name in before)
+    assert any(".mlp.experts." in name for name in before) and any(
+        name.endswith(".mlp.gate.weight") for name in before
+    )
     changed = 0
     for name, tensor in after.state_dict().items():
         if ".self_attn.q_proj." in name:
-            (query_before, gate_before), (query_after, gate_after) = (split_rows(after.config, t) for t in (before[name], tensor))
+            (query_before, gate_before), (query_after, gate_after) = (
+                split_rows(after.config, t) for t in (before[name], tensor)
+            )
             assert torch.equal(query_after, query_before), name
             assert not torch.equal(gate_after, gate_before), name
             changed += 1
@@ -146,7 +170,9 @@ def test_gate_lr_scale_on_an_moe_scales_the_gate_rows_update_only(corpus, tmp_pa
         if ".self_attn.q_proj." not in name:
             assert torch.equal(finals[1.0][name], finals[8.0][name]), name
             continue
-        (_, gate), (query_1, gate_1), (query_8, gate_8) = (split_rows(config, t) for t in (tensor, finals[1.0][name], finals[8.0][name]))
+        (_, gate), (query_1, gate_1), (query_8, gate_8) = (
+            split_rows(config, t) for t in (tensor, finals[1.0][name], finals[8.0][name])
+        )
         assert torch.equal(query_1, query_8), name
         assert not torch.equal(gate_1, gate)
         torch.testing.assert_close(gate_8 - gate, 8 * (gate_1 - gate), rtol=1e-4, atol=1e-7)
@@ -159,14 +185,20 @@ def aux_sources(tmp_path: Path, stock: Path, coef: float) -> dict[bool, Path]:
         source = sources[aux] = tmp_path / f"stock_aux_{aux}"
         shutil.copytree(stock, source)
         config = json.loads((source / "config.json").read_text())
-        (source / "config.json").write_text(json.dumps({**config, "output_router_logits": aux, "router_aux_loss_coef": coef}))
+        (source / "config.json").write_text(
+            json.dumps({**config, "output_router_logits": aux, "router_aux_loss_coef": coef})
+        )
     return sources
 
 
 def first_aux_losses(args: TrainingArguments, micro_batches: int, rank: int = 0, world_size: int = 1) -> list[float]:
     """The starting model's load-balancing loss on each of the first ``micro_batches`` batches of this process."""
     tokenizer = AutoTokenizer.from_pretrained(args.init_from)
-    rows = iter(PackedRows(load_documents(args), tokenizer, args.seq_len, world_size, rank, world_size, args.seed, args.shuffle_buffer))
+    rows = iter(
+        PackedRows(
+            load_documents(args), tokenizer, args.seq_len, world_size, rank, world_size, args.seed, args.shuffle_buffer
+        )
+    )
     model = load_initial_model(args)
     losses = []
     for _ in range(micro_batches):
@@ -187,8 +219,15 @@ def test_the_trained_loss_includes_the_routers_auxiliary_loss_when_the_config_as
     sources = aux_sources(tmp_path, stock_moe_source, coef)
     losses = {}
     for aux, source in sources.items():
-        args = moe_args(corpus, tmp_path / f"run_{aux}", init_from=str(source), gate="headwise", max_steps=1,
-                        batch_size=batch_size, gradient_accumulation_steps=accumulation)
+        args = moe_args(
+            corpus,
+            tmp_path / f"run_{aux}",
+            init_from=str(source),
+            gate="headwise",
+            max_steps=1,
+            batch_size=batch_size,
+            gradient_accumulation_steps=accumulation,
+        )
         train(args)
         losses[aux] = float(read_log(Path(args.output_dir))[1]["train_loss"])
     aux_losses = first_aux_losses(args, accumulation)
@@ -210,16 +249,50 @@ def test_two_processes_weigh_the_auxiliary_loss_as_one_does(corpus, tmp_path, st
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     root = Path(__file__).parents[2]
-    env = {**os.environ, "PYTHONPATH": str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        "OMP_NUM_THREADS": "1",
+    }
     losses = {}
     for aux, source in sources.items():
         out = tmp_path / f"run_{aux}"
         launched = subprocess.run(
-            [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port + int(aux)}",
-             "-m", "gated_qwen", "train", "--train-file", str(corpus), "--out", str(out), "--init-from", str(source),
-             "--gate", "headwise", "--seq-len", "32", "--batch-size", "2", "--data-shards", "2", "--max-steps", "1",
-             "--warmup-steps", "0", "--threads", "1", "--no-progress"],
-            env=env, capture_output=True, text=True, timeout=600,
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nproc_per_node=2",
+                f"--master_port={port + int(aux)}",
+                "-m",
+                "gated_qwen",
+                "train",
+                "--train-file",
+                str(corpus),
+                "--out",
+                str(out),
+                "--init-from",
+                str(source),
+                "--gate",
+                "headwise",
+                "--seq-len",
+                "32",
+                "--batch-size",
+                "2",
+                "--data-shards",
+                "2",
+                "--max-steps",
+                "1",
+                "--warmup-steps",
+                "0",
+                "--threads",
+                "1",
+                "--no-progress",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
         )
         assert launched.returncode == 0, launched.stderr[-3000:]
         losses[aux] = float(read_log(out)[-1]["train_loss"])
@@ -232,14 +305,24 @@ def test_two_processes_weigh_the_auxiliary_loss_as_one_does(corpus, tmp_path, st
 def test_an_moe_config_trains_from_scratch(corpus, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    config = {**tiny_moe_config_dict(), "model_type": "qwen3_moe_gated", "architectures": ["Qwen3MoeGatedForCausalLM"],
-              "headwise_attn_output_gate": True, "elementwise_attn_output_gate": False, "output_router_logits": True}
+    config = {
+        **tiny_moe_config_dict(),
+        "model_type": "qwen3_moe_gated",
+        "architectures": ["Qwen3MoeGatedForCausalLM"],
+        "headwise_attn_output_gate": True,
+        "elementwise_attn_output_gate": False,
+        "output_router_logits": True,
+    }
     (tmp_path / "moe.json").write_text(json.dumps(config))
     args = moe_args(corpus, tmp_path / "run", config=str(tmp_path / "moe.json"), vocab_size=300, max_steps=3)
     summary = train(args)
     final = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "final")
     assert type(final) is Qwen3MoeGatedForCausalLM and final.config.gate_type == summary["gate"] == "headwise"
-    assert (final.config.num_experts, final.config.num_experts_per_tok, final.config.output_router_logits) == (4, 2, True)
+    assert (final.config.num_experts, final.config.num_experts_per_tok, final.config.output_router_logits) == (
+        4,
+        2,
+        True,
+    )
     assert final.config.vocab_size == len(AutoTokenizer.from_pretrained(tmp_path / "run" / "final"))
     log = read_log(tmp_path / "run")
     assert [row["step"] for row in log] == ["0", "1", "2", "3"]
@@ -248,7 +331,9 @@ def test_an_moe_config_trains_from_scratch(corpus, tmp_path):
 
 def test_a_stock_moe_config_with_gate_trains_as_the_gated_moe(corpus, tmp_path):
     (tmp_path / "stock.json").write_text(json.dumps(tiny_moe_config_dict()))  # model_type "qwen3_moe"
-    args = moe_args(corpus, tmp_path / "run", config=str(tmp_path / "stock.json"), gate="elementwise", vocab_size=300, max_steps=1)
+    args = moe_args(
+        corpus, tmp_path / "run", config=str(tmp_path / "stock.json"), gate="elementwise", vocab_size=300, max_steps=1
+    )
     summary = train(args)
     final = load_gated(tmp_path / "run" / "final")
     assert summary["gate"] == final.config.gate_type == "elementwise"
@@ -273,7 +358,10 @@ def test_gate_options_on_moe_checkpoints_are_refused_as_on_dense_ones(corpus, tm
     base = ["train", "--train-file", str(corpus), "--out", str(tmp_path / "out"), "--max-steps", "1", "--no-progress"]
     for extra, message in (
         (["--init-from", str(converted), "--gate", "elementwise"], "already has a headwise gate"),
-        (["--init-from", str(stock_moe_source), "--trainable", "gate"], "has no gate, so --trainable gate would train nothing"),
+        (
+            ["--init-from", str(stock_moe_source), "--trainable", "gate"],
+            "has no gate, so --trainable gate would train nothing",
+        ),
     ):
         assert main(base + extra) == 2
         err = capsys.readouterr().err
@@ -284,8 +372,16 @@ def test_gate_options_on_moe_checkpoints_are_refused_as_on_dense_ones(corpus, tm
 def test_gradient_checkpointing_gives_an_moe_the_same_steps(corpus, tmp_path, stock_moe_source):
     source = aux_sources(tmp_path, stock_moe_source, coef=0.01)[True]
     summaries = [
-        train(moe_args(corpus, tmp_path / f"run_{checkpointing}", init_from=str(source), gate="headwise", max_steps=3,
-                       gradient_checkpointing=checkpointing))
+        train(
+            moe_args(
+                corpus,
+                tmp_path / f"run_{checkpointing}",
+                init_from=str(source),
+                gate="headwise",
+                max_steps=3,
+                gradient_checkpointing=checkpointing,
+            )
+        )
         for checkpointing in (False, True)
     ]
     assert summaries[0]["final_train_loss"] == pytest.approx(summaries[1]["final_train_loss"], abs=1e-6)
@@ -295,8 +391,16 @@ def test_gradient_checkpointing_gives_an_moe_the_same_steps(corpus, tmp_path, st
 def test_resume_of_an_moe_run_equals_an_uninterrupted_one(corpus, tmp_path, stock_moe_source):
     """Trainer's checkpoints hold the experts as transformers saves them; resuming loads them back exactly."""
     source = aux_sources(tmp_path, stock_moe_source, coef=0.01)[True]
-    args = moe_args(corpus, tmp_path / "whole", init_from=str(source), gate="headwise", gate_init="random", max_steps=4,
-                    save_every=2, eval_every=4)
+    args = moe_args(
+        corpus,
+        tmp_path / "whole",
+        init_from=str(source),
+        gate="headwise",
+        gate_init="random",
+        max_steps=4,
+        save_every=2,
+        eval_every=4,
+    )
     train(args)
     train(dataclasses.replace(args, output_dir=str(tmp_path / "resumed")), resume=tmp_path / "whole" / "checkpoint-2")
     whole, resumed = read_log(tmp_path / "whole"), read_log(tmp_path / "resumed")

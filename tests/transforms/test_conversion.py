@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from conftest import write_released_arm, write_released_checkpoint, write_tiny_tokenizer
 from transformers import (
     AutoModelForCausalLM,
     LlamaConfig,
@@ -22,7 +23,6 @@ from transformers import (
     Qwen3Model,
 )
 
-from conftest import write_released_arm, write_released_checkpoint, write_tiny_tokenizer
 from gated_qwen import (
     Qwen3GatedForCausalLM,
     Qwen3GatedForSequenceClassification,
@@ -33,6 +33,7 @@ from gated_qwen import (
 from gated_qwen.cli import main
 from gated_qwen.errors import CheckpointError, GatedQwenError
 from gated_qwen.models.layout import split_query_and_gate
+
 
 CHAT_TEMPLATE = "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}"
 
@@ -87,8 +88,9 @@ def probe_ids(vocab_size=300):
 
 def gate_rows(model, layer=0):
     attention = model.model.layers[layer].self_attn
-    _, gate = split_query_and_gate(attention.q_proj.weight, attention.config.num_key_value_heads, attention.head_dim,
-                                   attention.gate_dim, dim=0)
+    _, gate = split_query_and_gate(
+        attention.q_proj.weight, attention.config.num_key_value_heads, attention.head_dim, attention.gate_dim, dim=0
+    )
     return gate
 
 
@@ -111,7 +113,9 @@ def test_identity_conversion_in_memory_is_bit_exact(gate, kv_heads, tie, dtype):
     head_dim, heads = 8, 4
     gate_width = 1 if gate == "headwise" else head_dim
     q_proj = gated.model.layers[0].self_attn.q_proj
-    assert q_proj.weight.shape == (heads * (head_dim + gate_width), 32) and q_proj.bias.shape == (heads * (head_dim + gate_width),)
+    assert q_proj.weight.shape == (heads * (head_dim + gate_width), 32) and q_proj.bias.shape == (
+        heads * (head_dim + gate_width),
+    )
     assert q_proj.weight.dtype == dtype
     assert (gated.lm_head.weight is gated.model.embed_tokens.weight) == tie
 
@@ -211,8 +215,16 @@ def test_random_init_draws_gate_rows_and_keeps_o_proj():
 def test_in_memory_refuses_bad_input():
     with pytest.raises(GatedQwenError, match="already gated"):
         convert_qwen3_to_gated(convert_qwen3_to_gated(stock_model()))
-    llama = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                         num_attention_heads=4, num_key_value_heads=2))
+    llama = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=64,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+        )
+    )
     with pytest.raises(GatedQwenError, match="LlamaForCausalLM"):
         convert_qwen3_to_gated(llama)
     with pytest.raises(GatedQwenError, match="unknown gate 'channelwise'"):
@@ -333,7 +345,10 @@ def test_on_disk_dtype_cast(tmp_path):
     result = convert_checkpoint(source, tmp_path / "gated", dtype="bfloat16", progress=False)
     converted = Qwen3GatedForCausalLM.from_pretrained(result.path, dtype="auto")
     reference = Qwen3ForCausalLM.from_pretrained(source, dtype=torch.bfloat16)
-    assert converted.dtype == torch.bfloat16 and json.loads((result.path / "config.json").read_text())["dtype"] == "bfloat16"
+    assert (
+        converted.dtype == torch.bfloat16
+        and json.loads((result.path / "config.json").read_text())["dtype"] == "bfloat16"
+    )
     ids = probe_ids()
     with torch.no_grad():
         assert torch.equal(converted(ids).logits, reference(ids).logits)
@@ -386,13 +401,20 @@ def fake_hub(monkeypatch, snapshot: Path, listing: dict[str, int]):
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_hf_hub_download)
     monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot_download)
     monkeypatch.setattr(huggingface_hub.HfApi, "list_repo_tree", fake_list_repo_tree)
-    monkeypatch.setattr("gated_qwen.checkpoint.sources.resolve_source", lambda *args: None)  # the hub probe (tests/checkpoint/test_hub.py)
+    monkeypatch.setattr(
+        "gated_qwen.checkpoint.sources.resolve_source", lambda *args: None
+    )  # the hub probe (tests/checkpoint/test_hub.py)
     return calls
 
 
 def test_hub_source_downloads_only_needed_files(tmp_path, monkeypatch):
     write_stock_checkpoint(tmp_path / "snapshot" / "arm")
-    listing = {"arm/config.json": 1, "arm/model.safetensors": 9, "arm/pytorch_model.bin": 9, "arm/modeling_qwen3.py": 1}
+    listing = {
+        "arm/config.json": 1,
+        "arm/model.safetensors": 9,
+        "arm/pytorch_model.bin": 9,
+        "arm/modeling_qwen3.py": 1,
+    }
     calls = fake_hub(monkeypatch, tmp_path / "snapshot", listing)
     result = convert_checkpoint("owner/model", tmp_path / "gated", subfolder="arm", revision="v1", progress=False)
     assert (result.path / "config.json").is_file()
@@ -400,7 +422,12 @@ def test_hub_source_downloads_only_needed_files(tmp_path, monkeypatch):
     assert config_call == ("owner/model", "v1", ["arm/config.json"])
     assert (repo_id, revision) == ("owner/model", "v1")
     assert all(pattern.startswith("arm/") for pattern in patterns)
-    wanted = ("arm/config.json", "arm/model-00001-of-00002.safetensors", "arm/tokenizer.json", "arm/chat_template.jinja")
+    wanted = (
+        "arm/config.json",
+        "arm/model-00001-of-00002.safetensors",
+        "arm/tokenizer.json",
+        "arm/chat_template.jinja",
+    )
     unwanted = ("arm/modeling_qwen3.py", "arm/pytorch_model.bin", "arm/README.md", "other/model.safetensors")
     assert all(any(fnmatch(name, pattern) for pattern in patterns) for name in wanted)
     assert not any(fnmatch(name, pattern) for pattern in patterns for name in unwanted)
@@ -409,13 +436,26 @@ def test_hub_source_downloads_only_needed_files(tmp_path, monkeypatch):
 def test_hub_released_arm_downloads_its_bin_and_no_code(tmp_path, monkeypatch):
     """A released arm on the hub has only pytorch_model.bin: that is fetched, never the .py files beside it."""
     write_released_arm(tmp_path / "snapshot" / "1B_gate_headwise", vocab_size=300)
-    listing = {f"1B_gate_headwise/{p.name}": p.stat().st_size for p in (tmp_path / "snapshot" / "1B_gate_headwise").iterdir()}
+    listing = {
+        f"1B_gate_headwise/{p.name}": p.stat().st_size for p in (tmp_path / "snapshot" / "1B_gate_headwise").iterdir()
+    }
     calls = fake_hub(monkeypatch, tmp_path / "snapshot", listing)
-    result = convert_checkpoint("QwQZh/gated_attention", tmp_path / "clean", gate="keep", subfolder="1B_gate_headwise", progress=False)
+    result = convert_checkpoint(
+        "QwQZh/gated_attention", tmp_path / "clean", gate="keep", subfolder="1B_gate_headwise", progress=False
+    )
     (_, (_, _, patterns)) = calls
     fetched = sorted(name for name in listing if any(fnmatch(name, pattern) for pattern in patterns))
-    assert fetched == [f"1B_gate_headwise/{n}" for n in ("config.json", "generation_config.json", "pytorch_model.bin",
-                                                          "tokenizer.json", "tokenizer_config.json", "vocab.json")]
+    assert fetched == [
+        f"1B_gate_headwise/{n}"
+        for n in (
+            "config.json",
+            "generation_config.json",
+            "pytorch_model.bin",
+            "tokenizer.json",
+            "tokenizer_config.json",
+            "vocab.json",
+        )
+    ]
     assert result.gate == "headwise"
 
 
@@ -436,8 +476,16 @@ def drop_shard(folder: Path) -> None:
 
 
 def to_llama(folder: Path) -> None:
-    LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                 num_attention_heads=4, num_key_value_heads=2)).save_pretrained(folder)
+    LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=64,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+        )
+    ).save_pretrained(folder)
 
 
 def to_gated(folder: Path) -> None:
@@ -506,7 +554,17 @@ def garbled_config(folder: Path) -> None:
         (drop_layer, "1GB", "config.json says num_hidden_layers 3, but the checkpoint holds 2 layers"),
         (garbled_config, "1GB", "not valid JSON"),
     ],
-    ids=["corrupt", "truncated", "missing-shard", "not-qwen3", "already-gated", "malicious-pickle", "gated-rows", "layers", "config"],
+    ids=[
+        "corrupt",
+        "truncated",
+        "missing-shard",
+        "not-qwen3",
+        "already-gated",
+        "malicious-pickle",
+        "gated-rows",
+        "layers",
+        "config",
+    ],
 )
 def test_bad_source_is_refused_without_leftovers(tmp_path, damage, shard, message):
     source = write_stock_checkpoint(tmp_path / "stock", max_shard_size=shard)
@@ -530,7 +588,10 @@ def test_pickle_source_converts_like_safetensors_and_only_safely(tmp_path, monke
     monkeypatch.setattr(torch, "load", lambda *a, **k: loads.append(k.get("weights_only")) or real_load(*a, **k))
     from_pickle = convert_checkpoint(source, tmp_path / "from-pickle", progress=False)
     assert loads and all(weights_only is True for weights_only in loads)
-    assert load_file(from_pickle.path / "model.safetensors").keys() == load_file(from_safetensors.path / "model.safetensors").keys()
+    assert (
+        load_file(from_pickle.path / "model.safetensors").keys()
+        == load_file(from_safetensors.path / "model.safetensors").keys()
+    )
     for name, tensor in load_file(from_pickle.path / "model.safetensors").items():
         assert torch.equal(tensor, load_file(from_safetensors.path / "model.safetensors")[name]), name
 
@@ -632,20 +693,33 @@ def test_keep_resaves_a_released_arm_bit_for_bit(tmp_path, gate):
     source = tmp_path / "arm"
     write_released_arm(source, gate=gate, dtype=torch.bfloat16)
     before = digests(source)
-    assert main(["convert", str(source), str(tmp_path / "clean"), "--gate", "keep", "--max-shard-size", "4MB", "--quiet"]) == 0
+    assert (
+        main(["convert", str(source), str(tmp_path / "clean"), "--gate", "keep", "--max-shard-size", "4MB", "--quiet"])
+        == 0
+    )
     assert digests(source) == before
     clean = tmp_path / "clean"
     config = json.loads((clean / "config.json").read_text())
     assert config["model_type"] == "qwen3_gated" and "auto_map" not in config
-    assert (config["headwise_attn_output_gate"], config["elementwise_attn_output_gate"]) == (gate == "headwise", gate == "elementwise")
-    assert config["use_qk_norm"] is True and config["qkv_bias"] is False and config["head_dim"] == 8 and config["dtype"] == "bfloat16"
+    assert (config["headwise_attn_output_gate"], config["elementwise_attn_output_gate"]) == (
+        gate == "headwise",
+        gate == "elementwise",
+    )
+    assert (
+        config["use_qk_norm"] is True
+        and config["qkv_bias"] is False
+        and config["head_dim"] == 8
+        and config["dtype"] == "bfloat16"
+    )
     assert len(list(clean.glob("model-*.safetensors"))) > 1 and (clean / "model.safetensors.index.json").is_file()
     assert not list(clean.glob("*.py")) and not list(clean.glob("*.bin"))
     for name in ("tokenizer.json", "tokenizer_config.json", "vocab.json", "generation_config.json"):
         assert (clean / name).read_bytes() == (source / name).read_bytes(), name
 
     reference = Qwen3GatedForCausalLM.from_pretrained(source, dtype="auto")
-    resaved = AutoModelForCausalLM.from_pretrained(clean, dtype="auto")  # a qwen3_gated checkpoint: the Auto classes take it
+    resaved = AutoModelForCausalLM.from_pretrained(
+        clean, dtype="auto"
+    )  # a qwen3_gated checkpoint: the Auto classes take it
     assert type(resaved) is Qwen3GatedForCausalLM and resaved.dtype == torch.bfloat16
     ids = torch.randint(152064, (2, 9), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():

@@ -15,8 +15,8 @@ from gated_qwen.cli import main
 from gated_qwen.errors import CheckpointError, GatedQwenError
 from gated_qwen.models.qwen3_moe_gated.modeling_qwen3_moe_gated import Qwen3MoeGatedForSequenceClassification
 
-IDS = torch.randint(320, (2, 24), generator=torch.Generator().manual_seed(3))
 
+IDS = torch.randint(320, (2, 24), generator=torch.Generator().manual_seed(3))
 
 
 @pytest.mark.parametrize("gate", ["headwise", "elementwise"])
@@ -29,7 +29,10 @@ def test_cli_convert_of_a_stock_moe_computes_the_source_bit_for_bit(stock_moe_de
     assert len(set().union(*routed_experts(stock, IDS).values())) > 2  # the routers spread the tokens
     with torch.no_grad():
         assert torch.equal(stock(IDS).logits, gated(IDS).logits)
-        assert torch.equal(stock.generate(IDS[:1], max_new_tokens=8, do_sample=False), gated.generate(IDS[:1], max_new_tokens=8, do_sample=False))
+        assert torch.equal(
+            stock.generate(IDS[:1], max_new_tokens=8, do_sample=False),
+            gated.generate(IDS[:1], max_new_tokens=8, do_sample=False),
+        )
     config = json.loads((target / "config.json").read_text())
     assert config["model_type"] == "qwen3_moe_gated" and config["architectures"] == ["Qwen3MoeGatedForCausalLM"]
     assert config["mlp_only_layers"] == [1]
@@ -89,9 +92,20 @@ def test_a_loaded_moe_converts_in_memory_sharing_its_experts(stock_moe):
 
 def test_a_moe_classifier_converts_in_memory():
     torch.manual_seed(0)
-    config = Qwen3MoeConfig(vocab_size=64, hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=1,
-                            num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_experts=4, num_experts_per_tok=2,
-                            num_labels=3, pad_token_id=0)
+    config = Qwen3MoeConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        moe_intermediate_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        num_experts=4,
+        num_experts_per_tok=2,
+        num_labels=3,
+        pad_token_id=0,
+    )
     stock = Qwen3MoeForSequenceClassification(config).eval()
     gated = convert_qwen3_to_gated(stock, gate="headwise")
     assert type(gated) is Qwen3MoeGatedForSequenceClassification

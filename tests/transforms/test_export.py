@@ -28,9 +28,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import LOAD_WITHOUT_GATED_QWEN, tensors_of, tiny_config, write_released_checkpoint, write_tiny_tokenizer
 from transformers.models.qwen3 import modeling_qwen3
 
-from conftest import LOAD_WITHOUT_GATED_QWEN, tensors_of, tiny_config, write_released_checkpoint, write_tiny_tokenizer
 from gated_qwen import Qwen3GatedForCausalLM
 from gated_qwen.cli import main
 from gated_qwen.errors import CheckpointError, GatedQwenError
@@ -42,6 +42,7 @@ from gated_qwen.transforms.export import (
     parameter_counts,
     qwen3_5_config,
 )
+
 
 VOCAB = 300  # the tiny tokenizer needs >= 300
 NEW_TOKENS = 8
@@ -57,8 +58,12 @@ def probe_ids() -> torch.Tensor:
     return torch.randint(VOCAB, (2, 12), generator=torch.Generator().manual_seed(1))
 
 
-def write_source(folder: Path, gate: str, kv: int, tie: bool, rope_scaling: dict | None = None, tokenizer=False) -> dict:
-    spec = write_released_checkpoint(folder, gate=gate, num_key_value_heads=kv, tie_word_embeddings=tie, vocab_size=VOCAB)
+def write_source(
+    folder: Path, gate: str, kv: int, tie: bool, rope_scaling: dict | None = None, tokenizer=False
+) -> dict:
+    spec = write_released_checkpoint(
+        folder, gate=gate, num_key_value_heads=kv, tie_word_embeddings=tie, vocab_size=VOCAB
+    )
     if rope_scaling is not None:
         config = json.loads((folder / "config.json").read_text())
         (folder / "config.json").write_text(json.dumps({**config, "rope_scaling": rope_scaling}))
@@ -76,7 +81,9 @@ def greedy(model, ids):
 
 def qwen3_5_rms_norm_forward(self, hidden_states):
     """Qwen3RMSNorm computed as Qwen3_5RMSNorm computes it: the weight multiplies in float32, one rounding."""
-    normed = hidden_states.float() * torch.rsqrt(hidden_states.float().pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+    normed = hidden_states.float() * torch.rsqrt(
+        hidden_states.float().pow(2).mean(-1, keepdim=True) + self.variance_epsilon
+    )
     return (normed * self.weight.float()).to(hidden_states.dtype)
 
 
@@ -104,9 +111,10 @@ def exports(tmp_path_factory):
     root = tmp_path_factory.mktemp("export")
     ids = probe_ids()
     cases, jobs = {}, []
-    sources = [(f"{gate}-{kv}-{tie}", dict(gate=gate, kv=kv, tie=tie)) for gate, kv, tie in SHAPES]
+    sources = [(f"{gate}-{kv}-{tie}", {"gate": gate, "kv": kv, "tie": tie}) for gate, kv, tie in SHAPES]
     sources += [
-        (f"rope-{kind}", dict(gate="headwise", kv=2, tie=False, rope_scaling=scaling)) for kind, scaling in ROPE_SCALINGS.items()
+        (f"rope-{kind}", {"gate": "headwise", "kv": 2, "tie": False, "rope_scaling": scaling})
+        for kind, scaling in ROPE_SCALINGS.items()
     ]
     for source_name, kwargs in sources:
         source = root / source_name
@@ -152,7 +160,9 @@ def exports(tmp_path_factory):
 def case_names(dtype):
     """One pytest case per fixture shape, named by the key ``exports`` files it under."""
     return [
-        pytest.param(f"{gate}-{kv}-{tie}-{dtype}", id=f"{gate}-{'gqa' if kv == 2 else 'mha'}-{'tied' if tie else 'untied'}")
+        pytest.param(
+            f"{gate}-{kv}-{tie}-{dtype}", id=f"{gate}-{'gqa' if kv == 2 else 'mha'}-{'tied' if tie else 'untied'}"
+        )
         for gate, kv, tie in SHAPES
     ]
 
@@ -198,7 +208,10 @@ def test_tokenizer_and_generation_config_are_copied(exports):
     assert not list(case["result"].path.glob("*.py"))  # the trap code files beside the source are not passed on
     from transformers import AutoTokenizer
 
-    assert case["export"]["text_ids"] == AutoTokenizer.from_pretrained(case["source"])("Hello gated attention")["input_ids"]
+    assert (
+        case["export"]["text_ids"]
+        == AutoTokenizer.from_pretrained(case["source"])("Hello gated attention")["input_ids"]
+    )
 
 
 def test_exported_config(exports):
@@ -208,7 +221,9 @@ def test_exported_config(exports):
     rope = config["rope_parameters"]
     assert rope["partial_rotary_factor"] == 1.0 and rope["mrope_interleaved"] is True and rope["rope_theta"] == 10000.0
     assert sum(rope["mrope_section"]) == 8 // 2  # every frequency of head_dim 8
-    assert config["tie_word_embeddings"] is True and config["attention_bias"] is False and config["dtype"] == "bfloat16"
+    assert (
+        config["tie_word_embeddings"] is True and config["attention_bias"] is False and config["dtype"] == "bfloat16"
+    )
     assert "auto_map" not in config
 
 
@@ -281,7 +296,10 @@ def test_export_warns_about_norm_weights_that_round(tmp_path, caplog, capsys):
     norms = torch.cat([t.flatten() for n, t in spec["tensors"].items() if "norm" in n])
     assert norms.min() < 0.5  # the fixture has weights that bfloat16 cannot store exactly as w - 1
     with caplog.at_level("WARNING", logger="gated_qwen.transforms.export"):
-        assert main(["export", str(source), str(tmp_path / "bf16"), "--to", "qwen3_5", "--dtype", "bfloat16", "--quiet"]) == 0
+        assert (
+            main(["export", str(source), str(tmp_path / "bf16"), "--to", "qwen3_5", "--dtype", "bfloat16", "--quiet"])
+            == 0
+        )
     (record,) = [r for r in caplog.records if r.name == "gated_qwen.transforms.export"]
     assert record.levelname == "WARNING" and "norm weights round when stored as w - 1 in bfloat16" in record.message
     assert "worst relative error" in record.message and "of 192 norm weights" in record.message
@@ -324,9 +342,9 @@ def test_cli_prints_the_parameter_growth(tmp_path, capsys):
 @pytest.mark.parametrize(
     "change, reason",
     [
-        (dict(use_qk_norm=False), "has no QK-norm (use_qk_norm false)"),
-        (dict(qkv_bias=True), "has attention biases (qkv_bias true"),
-        (dict(gate="none"), "has no gate (gate type 'none'): it is a stock Qwen3"),
+        ({"use_qk_norm": False}, "has no QK-norm (use_qk_norm false)"),
+        ({"qkv_bias": True}, "has attention biases (qkv_bias true"),
+        ({"gate": "none"}, "has no gate (gate type 'none'): it is a stock Qwen3"),
     ],
     ids=["no-qk-norm", "qkv-bias", "gate-none"],
 )
@@ -440,13 +458,21 @@ def test_hub_source_downloads_config_weights_and_tokenizer_but_no_code(tmp_path,
 
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_hf_hub_download)
     monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot_download)
-    monkeypatch.setattr(huggingface_hub.HfApi, "list_repo_tree",
-                        lambda self, repo_id, path_in_repo=None, **k: [SimpleNamespace(path=p, size=n) for p, n in listing.items()])
-    monkeypatch.setattr("gated_qwen.checkpoint.sources.resolve_source", lambda *args: None)  # the hub probe (tests/checkpoint/test_hub.py)
+    monkeypatch.setattr(
+        huggingface_hub.HfApi,
+        "list_repo_tree",
+        lambda self, repo_id, path_in_repo=None, **k: [SimpleNamespace(path=p, size=n) for p, n in listing.items()],
+    )
+    monkeypatch.setattr(
+        "gated_qwen.checkpoint.sources.resolve_source", lambda *args: None
+    )  # the hub probe (tests/checkpoint/test_hub.py)
     result = export_checkpoint("owner/model", tmp_path / "out", subfolder="arm", revision="v1", progress=False)
     assert (result.path / "tokenizer.json").is_file() and (result.path / "chat_template.jinja").is_file()
     (config_call, (_, repo_id, revision, patterns)) = calls
-    assert config_call == ("config", "owner/model", "config.json", "arm", "v1") and (repo_id, revision) == ("owner/model", "v1")
+    assert config_call == ("config", "owner/model", "config.json", "arm", "v1") and (repo_id, revision) == (
+        "owner/model",
+        "v1",
+    )
     fetched = sorted(name for name in listing if any(fnmatch(name, pattern) for pattern in patterns))
     assert fetched == [f"arm/{name}" for name in ("chat_template.jinja", "config.json", "generation_config.json", "pytorch_model.bin",
                                                   "tokenizer.json", "tokenizer_config.json")]  # fmt: skip

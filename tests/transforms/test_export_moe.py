@@ -17,6 +17,7 @@ from gated_qwen.cli import main
 from gated_qwen.errors import CheckpointError
 from gated_qwen.transforms.export import export_checkpoint, parameter_counts, zero_shared_expert_size
 
+
 NEW_TOKENS = 8
 
 
@@ -37,7 +38,9 @@ def exports(tmp_path_factory, stock_moe):
             cases[name] = {"source": source, "target": target, "result": result}
             jobs.append({"name": name, "path": str(target), "ids": ids.tolist(), "new_tokens": NEW_TOKENS})
     output = root / "results.pt"
-    subprocess.run([sys.executable, "-c", LOAD_WITHOUT_GATED_QWEN, json.dumps(jobs), str(output)], check=True, timeout=600)
+    subprocess.run(
+        [sys.executable, "-c", LOAD_WITHOUT_GATED_QWEN, json.dumps(jobs), str(output)], check=True, timeout=600
+    )
     loaded = torch.load(output, weights_only=True)
     for name, case in cases.items():
         case["loaded"], case["ids"] = loaded[name], ids
@@ -52,8 +55,14 @@ def test_float32_export_computes_the_gated_moe(exports, gate):
     source = Qwen3MoeGatedForCausalLM.from_pretrained(case["source"]).eval()
     with torch.no_grad():
         logits = source(case["ids"]).logits
-        tokens = source.generate(case["ids"], attention_mask=torch.ones_like(case["ids"]), max_new_tokens=NEW_TOKENS,
-                                 min_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)
+        tokens = source.generate(
+            case["ids"],
+            attention_mask=torch.ones_like(case["ids"]),
+            max_new_tokens=NEW_TOKENS,
+            min_new_tokens=NEW_TOKENS,
+            do_sample=False,
+            pad_token_id=0,
+        )
     difference = (logits - loaded["logits"]).abs().max().item()
     assert difference <= 1e-5, difference
     assert case["result"].max_difference <= 1e-5
@@ -62,7 +71,9 @@ def test_float32_export_computes_the_gated_moe(exports, gate):
 
 def qwen3_5_rms_norm_forward(self, hidden_states):
     """Qwen3(-MoE)'s RMSNorm computed as Qwen3.5's: the weight multiplies in float32, then one rounding."""
-    normed = hidden_states.float() * torch.rsqrt(hidden_states.float().pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+    normed = hidden_states.float() * torch.rsqrt(
+        hidden_states.float().pow(2).mean(-1, keepdim=True) + self.variance_epsilon
+    )
     return (normed * self.weight.float()).to(hidden_states.dtype)
 
 
@@ -77,8 +88,14 @@ def test_bfloat16_export_computes_the_gated_moe_with_qwen3_5s_norm_rounding(expo
     monkeypatch.setattr(modeling_qwen3_moe.Qwen3MoeRMSNorm, "forward", qwen3_5_rms_norm_forward)
     with torch.no_grad():
         logits = source(case["ids"]).logits
-        tokens = source.generate(case["ids"], attention_mask=torch.ones_like(case["ids"]), max_new_tokens=NEW_TOKENS,
-                                 min_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)
+        tokens = source.generate(
+            case["ids"],
+            attention_mask=torch.ones_like(case["ids"]),
+            max_new_tokens=NEW_TOKENS,
+            min_new_tokens=NEW_TOKENS,
+            do_sample=False,
+            pad_token_id=0,
+        )
     assert torch.equal(logits, case["loaded"]["logits"])
     assert torch.equal(tokens, case["loaded"]["tokens"])
 
@@ -102,7 +119,9 @@ def test_cli_export_and_parameter_counts(exports, tmp_path):
     source = exports["elementwise-float32"]["source"]
     assert main(["export", str(source), str(tmp_path / "out"), "--to", "qwen3_5", "--quiet"]) == 0
     gated, exported = parameter_counts(json.loads((source / "config.json").read_text()))
-    assert exported == gated + 2 * 3 * 32 * zero_shared_expert_size(16) + 2 * 32  # the zero shared experts, their gates
+    assert (
+        exported == gated + 2 * 3 * 32 * zero_shared_expert_size(16) + 2 * 32
+    )  # the zero shared experts, their gates
 
 
 @pytest.mark.parametrize(

@@ -12,6 +12,7 @@ from gated_qwen.checkpoint import TensorInfo
 from gated_qwen.errors import CheckpointError
 from gated_qwen.transforms.pipeline import TensorMapping, plan_tensors, transform_checkpoint
 
+
 TENSORS = {"a": torch.arange(6.0).reshape(2, 3), "b": torch.ones(4), "c": torch.full((2,), 3.0)}
 
 
@@ -46,8 +47,14 @@ def doubling_b(calls=None) -> TensorMapping:
 
 def test_unchanged_tensors_are_copied_unread_and_the_rest_mapped(source, tmp_path):
     calls = []
-    written = transform_checkpoint(source, tmp_path / "dst", lambda header, dtype: doubling_b(calls),
-                                   output_name="copy", description="copying", progress=False)
+    written = transform_checkpoint(
+        source,
+        tmp_path / "dst",
+        lambda header, dtype: doubling_b(calls),
+        output_name="copy",
+        description="copying",
+        progress=False,
+    )
     out = load_file(written.path / "model.safetensors")
     assert torch.equal(out["a"], TENSORS["a"]) and torch.equal(out["b"], TENSORS["b"] * 2)
     assert torch.equal(out["d"], TENSORS["c"]) and "c" not in out
@@ -58,18 +65,28 @@ def test_unchanged_tensors_are_copied_unread_and_the_rest_mapped(source, tmp_pat
 
 
 def test_a_cast_applies_before_the_mapping_and_to_copied_tensors(source, tmp_path):
-    written = transform_checkpoint(source, tmp_path / "dst", lambda header, dtype: doubling_b(),
-                                   output_name="copy", description="copying", dtype="bfloat16", progress=False)
+    written = transform_checkpoint(
+        source,
+        tmp_path / "dst",
+        lambda header, dtype: doubling_b(),
+        output_name="copy",
+        description="copying",
+        dtype="bfloat16",
+        progress=False,
+    )
     out = load_file(written.path / "model.safetensors")
     assert {t.dtype for t in out.values()} == {torch.bfloat16}
     assert written.plan.unchanged == set()
 
 
-@pytest.mark.parametrize("target, problem", [
-    ({"a": (2, 3), "b": (4,)}, "unexpected: d"),
-    ({"a": (2, 3), "b": (4,), "d": (2,), "e": (1,)}, "missing: e"),
-    ({"a": (3, 2), "b": (4,), "d": (2,)}, "wrong shape: a"),
-])
+@pytest.mark.parametrize(
+    "target, problem",
+    [
+        ({"a": (2, 3), "b": (4,)}, "unexpected: d"),
+        ({"a": (2, 3), "b": (4,), "d": (2,), "e": (1,)}, "missing: e"),
+        ({"a": (3, 2), "b": (4,), "d": (2,)}, "wrong shape: a"),
+    ],
+)
 def test_a_plan_that_does_not_fit_the_target_is_refused_before_any_data(target, problem):
     mapping = doubling_b()
     mapping.target_shapes = target
@@ -92,7 +109,13 @@ def test_a_failure_while_writing_leaves_no_destination(source, tmp_path):
     mapping = doubling_b()
     mapping.map_tensor = failing
     with pytest.raises(RuntimeError, match="disk on fire"):
-        transform_checkpoint(source, tmp_path / "dst", lambda header, dtype: mapping,
-                             output_name="copy", description="copying", progress=False)
+        transform_checkpoint(
+            source,
+            tmp_path / "dst",
+            lambda header, dtype: mapping,
+            output_name="copy",
+            description="copying",
+            progress=False,
+        )
     assert not (tmp_path / "dst").exists()
     assert sorted(p.name for p in source.iterdir()) == ["config.json", "model.safetensors", "tokenizer.json"]

@@ -138,8 +138,15 @@ class Qwen3GatedConfig(GatedAttentionConfigMixin, Qwen3Config):
     # the shard count divides num_key_value_heads, because the released layout groups rows by kv
     # head; so Qwen3's plan, inherited unchanged, shards the gate with its heads.
     base_model_tp_plan = Qwen3Config.base_model_tp_plan
-    size_keys = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                 "num_key_value_heads", "head_dim")
+    size_keys = (
+        "vocab_size",
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+    )
 
     @staticmethod
     def normalize_dict(config_dict: dict, source="the config") -> dict:
@@ -229,10 +236,18 @@ def check_sizes(values: dict, source: str = "the config", size_keys: tuple[str, 
         if value is None and (key in OPTIONAL_SIZE_KEYS or key not in values):
             continue
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise CheckpointError(f"{source} says {key} {value!r}, which makes no model: it must be a positive integer")
-    hidden, heads, kv_heads = values.get("hidden_size"), values.get("num_attention_heads"), values.get("num_key_value_heads")
+            raise CheckpointError(
+                f"{source} says {key} {value!r}, which makes no model: it must be a positive integer"
+            )
+    hidden, heads, kv_heads = (
+        values.get("hidden_size"),
+        values.get("num_attention_heads"),
+        values.get("num_key_value_heads"),
+    )
     if isinstance(heads, int) and isinstance(kv_heads, int) and heads % kv_heads:
-        raise CheckpointError(f"{source}: num_attention_heads ({heads}) is not a multiple of num_key_value_heads ({kv_heads})")
+        raise CheckpointError(
+            f"{source}: num_attention_heads ({heads}) is not a multiple of num_key_value_heads ({kv_heads})"
+        )
     if values.get("head_dim") is None and isinstance(hidden, int) and isinstance(heads, int) and hidden % heads:
         raise CheckpointError(
             f"{source} says num_attention_heads {heads}, which does not divide hidden_size {hidden}, and gives no head_dim "
@@ -257,4 +272,11 @@ def normalize_config_dict(config_dict: dict, source="the config") -> dict:
     return {**config_dict, "model_type": Qwen3GatedConfig.model_type}
 
 
-__all__ = ["GatedAttentionConfigMixin", "Qwen3GatedConfig", "check_model_type", "check_sizes", "is_gated_attention_config", "normalize_config_dict"]
+__all__ = [
+    "GatedAttentionConfigMixin",
+    "Qwen3GatedConfig",
+    "check_model_type",
+    "check_sizes",
+    "is_gated_attention_config",
+    "normalize_config_dict",
+]

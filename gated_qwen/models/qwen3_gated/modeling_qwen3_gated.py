@@ -14,8 +14,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+import transformers
+from packaging import version
 from torch import nn
 from transformers.cache_utils import Cache
+from transformers.generation import GenerationMixin
+from transformers.integrations import use_kernelized_func
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.qwen3.modeling_qwen3 import (
     Qwen3Attention,
@@ -29,17 +33,14 @@ from transformers.models.qwen3.modeling_qwen3 import (
     apply_rotary_pos_emb,
     eager_attention_forward,
 )
-from packaging import version
-import transformers
-from transformers.generation import GenerationMixin
-from transformers.integrations import use_kernelized_func
 from transformers.utils import logging
 from transformers.utils.deprecation import deprecate_kwarg
 
 from ..auto import register_with_transformers
-from .configuration_qwen3_gated import Qwen3GatedConfig
 from ..layout import gate_dim, q_proj_rows, split_query_and_gate
 from ..tensor_parallel import GatedQProjTensorParallelMixin
+from .configuration_qwen3_gated import Qwen3GatedConfig
+
 
 logger = logging.get_logger(__name__)
 
@@ -50,7 +51,9 @@ logger = logging.get_logger(__name__)
 _CACHE_RENAMED_IN = "5.24.0"
 accept_past_key_values = deprecate_kwarg(
     "past_key_values",
-    "5.40.0" if version.parse(transformers.__version__) >= version.parse(_CACHE_RENAMED_IN) else transformers.__version__,
+    "5.40.0"
+    if version.parse(transformers.__version__) >= version.parse(_CACHE_RENAMED_IN)
+    else transformers.__version__,
     new_name="cache",
 )
 
@@ -102,7 +105,9 @@ class Qwen3GatedAttention(Qwen3Attention):
             query_and_gate, key_states.shape[-2], self.head_dim, self.gate_dim
         )  # views: (B, T, K, G, D) and (B, T, K, G, g)
 
-        query_states = self.q_norm(query_states).reshape(*input_shape, -1, self.head_dim).transpose(1, 2)  # (B, H, T, D)
+        query_states = (
+            self.q_norm(query_states).reshape(*input_shape, -1, self.head_dim).transpose(1, 2)
+        )  # (B, H, T, D)
         key_states = self.k_norm(key_states).transpose(1, 2)  # (B, K, T, D)
         value_states = value_states.transpose(1, 2)
 

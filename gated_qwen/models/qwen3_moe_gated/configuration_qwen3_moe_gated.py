@@ -33,9 +33,19 @@ class Qwen3MoeGatedConfig(GatedAttentionConfigMixin, Qwen3MoeConfig):
     # Qwen3-MoE's plan, inherited unchanged: a colwise shard of q_proj holds whole kv groups (queries and their
     # gate rows together) when the shard count divides num_key_value_heads, as in the dense model.
     base_model_tp_plan = Qwen3MoeConfig.base_model_tp_plan
-    size_keys = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                 "num_key_value_heads", "head_dim", "moe_intermediate_size", "num_experts", "num_experts_per_tok",
-                 "decoder_sparse_step")
+    size_keys = (
+        "vocab_size",
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "moe_intermediate_size",
+        "num_experts",
+        "num_experts_per_tok",
+        "decoder_sparse_step",
+    )
 
     def __post_init__(self, **kwargs):
         super().__post_init__(**kwargs)
@@ -73,7 +83,11 @@ class Qwen3MoeGatedConfig(GatedAttentionConfigMixin, Qwen3MoeConfig):
 
 def is_sparse_layer(config, layer: int) -> bool:
     """Whether Qwen3-MoE builds routed experts in ``layer`` (transformers' ``Qwen3MoeDecoderLayer`` rule)."""
-    return layer not in (config.mlp_only_layers or []) and config.num_experts > 0 and (layer + 1) % config.decoder_sparse_step == 0
+    return (
+        layer not in (config.mlp_only_layers or [])
+        and config.num_experts > 0
+        and (layer + 1) % config.decoder_sparse_step == 0
+    )
 
 
 MOE_MODEL_TYPES = ("qwen3_moe", "qwen3_moe_gated")

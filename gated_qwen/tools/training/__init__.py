@@ -54,6 +54,7 @@ from .model_init import (
 from .reporting import LOG_FIELDS, evaluate, plot_losses, unigram_perplexity
 from .trainer import GatedTrainer, train
 
+
 __all__ = [
     "EOS_TOKEN",
     "LOG_FIELDS",

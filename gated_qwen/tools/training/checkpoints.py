@@ -16,6 +16,7 @@ from pathlib import Path
 from ...checkpoint.outputs import OutputError, OutputFolder, resolve_destination
 from ..training_args import RUN_DATA_KEYS, TrainingArguments, TrainingError
 
+
 RUN_STATE = "run_state.json"  # ours, written after Trainer's files: a checkpoint without it is unfinished
 RUN_FILES = ("tokenizer", "train_args.json")  # what a run writes into --out before its first step
 CHECKPOINT_FILES = (RUN_STATE, "trainer_state.json", "model.safetensors", "optimizer.pt", "scheduler.pt")
@@ -32,7 +33,9 @@ def latest_checkpoint(folder: str | Path) -> Path:
         return folder
     found = [p.parent for p in folder.glob(f"checkpoint-*/{RUN_STATE}") if p.parent.name.rpartition("-")[2].isdigit()]
     if not found:
-        raise TrainingError(f"{folder} holds no checkpoint (a checkpoint-STEP folder with {RUN_STATE}); nothing to resume")
+        raise TrainingError(
+            f"{folder} holds no checkpoint (a checkpoint-STEP folder with {RUN_STATE}); nothing to resume"
+        )
     return max(found, key=lambda p: int(p.name.rpartition("-")[2]))
 
 
@@ -69,15 +72,21 @@ def read_checkpoint(checkpoint: str | Path) -> dict:
         if not (checkpoint / name).is_file():
             raise TrainingError(f"{checkpoint} has no {name}; it is not a whole checkpoint of this package: {advice}")
     if not any(checkpoint.glob("rng_state*.pth")):
-        raise TrainingError(f"{checkpoint} has no rng_state.pth; it is not a whole checkpoint of this package: {advice}")
+        raise TrainingError(
+            f"{checkpoint} has no rng_state.pth; it is not a whole checkpoint of this package: {advice}"
+        )
     for name in (RUN_STATE, "trainer_state.json"):
         try:
             json.loads((checkpoint / name).read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-            raise TrainingError(f"{checkpoint / name} is not readable JSON ({error}); it is damaged: {advice}") from None
+            raise TrainingError(
+                f"{checkpoint / name} is not readable JSON ({error}); it is damaged: {advice}"
+            ) from None
     state = json.loads((checkpoint / RUN_STATE).read_text(encoding="utf-8"))
     if not isinstance(state, dict) or not {"step", "tokens", "elapsed_s", "args", "num_processes"} <= state.keys():
-        raise TrainingError(f"{checkpoint / RUN_STATE} lacks step, tokens, elapsed_s, args or num_processes; it is not this package's: {advice}")
+        raise TrainingError(
+            f"{checkpoint / RUN_STATE} lacks step, tokens, elapsed_s, args or num_processes; it is not this package's: {advice}"
+        )
     for path in sorted(checkpoint.iterdir()):
         try:
             if path.suffix == ".safetensors":
@@ -111,14 +120,21 @@ def check_resume_matches(args: TrainingArguments, state: dict, num_processes: in
     for key in RUN_DATA_KEYS:
         used = saved.get(key, defaults.get(key))  # a key added since the run was saved had its default then
         if used != getattr(args, key):
-            raise TrainingError(f"{key} is {getattr(args, key)!r} but the resumed run used {used!r}; pass the same value")
+            raise TrainingError(
+                f"{key} is {getattr(args, key)!r} but the resumed run used {used!r}; pass the same value"
+            )
     saved_processes = state["num_processes"]
-    saved_rows = state.get("rows_per_step", saved["batch_size"] * saved.get("gradient_accumulation_steps", 1) * saved_processes)
+    saved_rows = state.get(
+        "rows_per_step", saved["batch_size"] * saved.get("gradient_accumulation_steps", 1) * saved_processes
+    )
     rows = args.rows_per_step(num_processes)
     if rows != saved_rows:
         per_process = saved_rows // num_processes if saved_rows % num_processes == 0 else None
-        hint = (f"with {num_processes} processes pass --batch-size {per_process} (or split it with --gradient-accumulation-steps)"
-                if per_process else f"launch {saved_processes} processes with --batch-size {saved['batch_size']}")
+        hint = (
+            f"with {num_processes} processes pass --batch-size {per_process} (or split it with --gradient-accumulation-steps)"
+            if per_process
+            else f"launch {saved_processes} processes with --batch-size {saved['batch_size']}"
+        )
         raise TrainingError(
             f"the checkpoint was trained with a global batch of {saved_rows} rows per step ({saved_processes} processes x "
             f"--batch-size {saved['batch_size']} x --gradient-accumulation-steps {saved.get('gradient_accumulation_steps', 1)}); "
@@ -150,7 +166,9 @@ def output_folder(args: TrainingArguments, checkpoint: Path | None) -> OutputFol
         out = resolve_destination(args.output_dir)
         if checkpoint is not None and out in (checkpoint.resolve(), checkpoint.resolve().parent):
             if args.overwrite:
-                raise TrainingError(f"--overwrite would delete {checkpoint}, which --resume continues from; drop --overwrite")
+                raise TrainingError(
+                    f"--overwrite would delete {checkpoint}, which --resume continues from; drop --overwrite"
+                )
             return OutputFolder(out, overwrite=True, merge=True, names=RUN_FILES)
         if list(out.glob(f"checkpoint-*/{RUN_STATE}")):
             advice = f"pass --resume {args.output_dir} to continue the run in it, or --overwrite to replace it"

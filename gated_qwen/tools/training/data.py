@@ -38,10 +38,18 @@ import torch
 
 from ..training_args import TrainingArguments, TrainingError
 
+
 EOS_TOKEN = "<|endoftext|>"
 PAD_TOKEN = "<|pad|>"
 TOKENIZE_BATCH = 64  # documents tokenized in one call
-LOCAL_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".txt": "text", ".text": "text"}
+LOCAL_BUILDERS = {
+    ".jsonl": "json",
+    ".json": "json",
+    ".parquet": "parquet",
+    ".csv": "csv",
+    ".txt": "text",
+    ".text": "text",
+}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -90,7 +98,9 @@ def load_documents(args: TrainingArguments, heldout: bool = False, streaming: bo
     try:
         import datasets
     except ImportError:
-        raise TrainingError("training reads its text with Hugging Face datasets: pip install 'gated-qwen[train]'") from None
+        raise TrainingError(
+            "training reads its text with Hugging Face datasets: pip install 'gated-qwen[train]'"
+        ) from None
 
     streaming = args.streaming if streaming is None else streaming
     if heldout:
@@ -102,7 +112,9 @@ def load_documents(args: TrainingArguments, heldout: bool = False, streaming: bo
             return None
     else:
         if bool(args.train_file) == bool(args.dataset):
-            raise TrainingError("give the training text with --train-file (local files) or --dataset (a data set), one of them")
+            raise TrainingError(
+                "give the training text with --train-file (local files) or --dataset (a data set), one of them"
+            )
         spec, name, split = args.train_file, args.dataset, args.split
     datasets.disable_progress_bars()
     try:
@@ -127,7 +139,9 @@ def load_documents(args: TrainingArguments, heldout: bool = False, streaming: bo
             raise reading_error(args, error, heldout) from None
         columns = list(first) if first is not None else None
     if columns is not None and field not in columns:
-        raise TrainingError(f"{where} has no {field!r} field (its fields: {', '.join(columns)}); name the text field with --text-field")
+        raise TrainingError(
+            f"{where} has no {field!r} field (its fields: {', '.join(columns)}); name the text field with --text-field"
+        )
     if field != "text":
         documents = documents.rename_column(field, "text")
     return documents.select_columns(["text"])
@@ -146,7 +160,9 @@ def reading_error(args: TrainingArguments, error: Exception, heldout: bool = Fal
                     return TrainingError(f"{bad} is not a JSON object with a {args.text_field!r} field")
     where = spec or args.dataset
     if isinstance(error, KeyError):
-        return TrainingError(f"{where} has no {args.text_field!r} field in every document; name the text field with --text-field")
+        return TrainingError(
+            f"{where} has no {args.text_field!r} field in every document; name the text field with --text-field"
+        )
     reason = " ".join(str(error).split())[:300]
     return TrainingError(f"cannot read {where}: {reason}")
 
@@ -163,7 +179,9 @@ def shard_documents(documents, num_shards: int, index: int):
 
     if isinstance(documents, datasets.Dataset):
         if len(documents) < num_shards:
-            raise TrainingError(f"the training text has {len(documents)} documents, fewer than the {num_shards} data shards; lower --data-shards")
+            raise TrainingError(
+                f"the training text has {len(documents)} documents, fewer than the {num_shards} data shards; lower --data-shards"
+            )
         return documents.shard(num_shards, index, contiguous=True).to_iterable_dataset()
     if num_shards == 1:
         return documents
@@ -203,8 +221,17 @@ class PackedRows(torch.utils.data.IterableDataset):
     torch.Size([256])
     """
 
-    def __init__(self, documents, tokenizer, seq_len: int, num_shards: int, rank: int, world_size: int, seed: int,
-                 shuffle_buffer: int = 1000):
+    def __init__(
+        self,
+        documents,
+        tokenizer,
+        seq_len: int,
+        num_shards: int,
+        rank: int,
+        world_size: int,
+        seed: int,
+        shuffle_buffer: int = 1000,
+    ):
         import datasets
 
         super().__init__()
@@ -233,11 +260,21 @@ class PackedRows(torch.utils.data.IterableDataset):
 
         if index in self._row_tables:
             return self._row_tables[index]
-        key = json.dumps([self.documents._fingerprint, self.tokenizer.backend_tokenizer.to_str(), self.tokenizer.eos_token_id,
-                          self.seq_len, self.num_shards, index])
+        key = json.dumps(
+            [
+                self.documents._fingerprint,
+                self.tokenizer.backend_tokenizer.to_str(),
+                self.tokenizer.eos_token_id,
+                self.seq_len,
+                self.num_shards,
+                index,
+            ]
+        )
         features = datasets.Features({"input_ids": datasets.Sequence(datasets.Value("int32"))})
         table = datasets.Dataset.from_generator(
-            _row_records, features=features, gen_kwargs={"rows": functools.partial(self.packed_rows, index)},
+            _row_records,
+            features=features,
+            gen_kwargs={"rows": functools.partial(self.packed_rows, index)},
             fingerprint=hashlib.sha256(key.encode()).hexdigest()[:32],
         )
         if len(table) == 0:
@@ -270,8 +307,10 @@ class PackedRows(torch.utils.data.IterableDataset):
             epoch += 1
 
     def _too_little(self, index: int) -> str:
-        return (f"the training text holds fewer than one batch: data shard {index} of {self.num_shards} has fewer than "
-                f"one row of {self.seq_len} tokens; give more text or lower --seq-len or --data-shards")
+        return (
+            f"the training text holds fewer than one batch: data shard {index} of {self.num_shards} has fewer than "
+            f"one row of {self.seq_len} tokens; give more text or lower --seq-len or --data-shards"
+        )
 
     def check(self) -> None:
         """Raise the error a shard too small to give one row would raise in training, reading only the start of each
@@ -362,7 +401,9 @@ def train_tokenizer(documents, vocab_size: int):
 
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     if vocab_size < len(alphabet) + 2:
-        raise TrainingError(f"vocab_size {vocab_size} is too small: a byte-level BPE needs at least {len(alphabet) + 2}")
+        raise TrainingError(
+            f"vocab_size {vocab_size} is too small: a byte-level BPE needs at least {len(alphabet) + 2}"
+        )
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
@@ -440,6 +481,14 @@ def heldout_rows(stream: torch.Tensor, seq_len: int, max_rows: int | None = None
 
 
 __all__ = [
-    "PackedBatches", "PackedRows", "heldout_rows", "iter_texts", "load_documents", "pack_documents", "read_documents",
-    "read_heldout_rows", "shard_documents", "train_tokenizer",
+    "PackedBatches",
+    "PackedRows",
+    "heldout_rows",
+    "iter_texts",
+    "load_documents",
+    "pack_documents",
+    "read_documents",
+    "read_heldout_rows",
+    "shard_documents",
+    "train_tokenizer",
 ]

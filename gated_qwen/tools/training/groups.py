@@ -53,7 +53,10 @@ def _gated_q_projs(model) -> list[tuple[torch.nn.Module, QueryAndGateRows]]:
 
     return [
         # K from the key projection, as the attention itself reads it
-        (module.q_proj, QueryAndGateRows(module.k_proj.out_features // module.head_dim, module.head_dim, module.gate_dim))
+        (
+            module.q_proj,
+            QueryAndGateRows(module.k_proj.out_features // module.head_dim, module.head_dim, module.gate_dim),
+        )
         for module in model.modules()
         if isinstance(module, Qwen3GatedAttention) and module.gate_dim
     ]

@@ -93,7 +93,9 @@ def check_arguments(args: TrainingArguments) -> None:
     if args.init_from is None:
         for value, flag in ((args.init_from_subfolder, "--subfolder"), (args.init_from_revision, "--revision")):
             if value:
-                raise TrainingError(f"{flag} applies to the --init-from checkpoint; give --init-from, or leave {flag} out")
+                raise TrainingError(
+                    f"{flag} applies to the --init-from checkpoint; give --init-from, or leave {flag} out"
+                )
         if args.trainable == "gate":
             raise TrainingError(
                 "--trainable gate trains only the gate of a pretrained model; give the model with --init-from "
@@ -170,7 +172,9 @@ def _check_gate_options(args: TrainingArguments, gate_type: str, no_gate: str) -
     if args.trainable == "gate":
         raise TrainingError(f"{no_gate}, so --trainable gate would train nothing; {hint}")
     if args.gate_lr_scale != 1.0:
-        raise TrainingError(f"{no_gate}, so --gate-lr-scale has nothing to scale; {hint}, or leave --gate-lr-scale out")
+        raise TrainingError(
+            f"{no_gate}, so --gate-lr-scale has nothing to scale; {hint}, or leave --gate-lr-scale out"
+        )
 
 
 def _init_model_class(args: TrainingArguments) -> type:
@@ -208,8 +212,6 @@ def load_initial_model(args: TrainingArguments):
         torch.manual_seed(args.seed)
         model = convert_qwen3_to_gated(model, gate=args.gate, init=args.gate_init or "identity")
     return model
-
-
 
 
 __all__ = ["build_config", "check_arguments", "check_model_options", "load_initial_model", "read_init_config"]

@@ -11,6 +11,7 @@ import torch
 from ...checkpoint.outputs import output_file
 from ...errors import GatedQwenError
 
+
 LOG_FIELDS = ("step", "tokens", "lr", "train_loss", "heldout_loss", "heldout_ppl", "tokens_per_s", "elapsed_s")
 
 
@@ -54,7 +55,6 @@ def unigram_perplexity(train_stream: torch.Tensor, rows: torch.Tensor, vocab_siz
     return {"loss": loss, "ppl": math.exp(loss), "tokens": targets.numel()}
 
 
-
 def plot_losses(log_path: str | Path, png_path: str | Path) -> Path:
     """Plot train and held-out loss of a ``log.csv`` against tokens into a PNG (needs the ``plot`` extra).
 
@@ -84,8 +84,6 @@ def plot_losses(log_path: str | Path, png_path: str | Path) -> Path:
         figure.savefig(partial, dpi=100, format="png")
     plt.close(figure)
     return Path(png_path)
-
-
 
 
 def append_log_row(log_path: Path, row: dict) -> None:

@@ -38,6 +38,7 @@ from .groups import merge_gate_rows, parameter_groups
 from .model_init import build_config, check_arguments, check_model_options, load_initial_model
 from .reporting import append_log_row, evaluate, plot_losses, truncate_log
 
+
 logger = logging.get_logger(__name__)
 
 _WRAPPER_NAMES = re.compile(r"(^|\.)(?:_fsdp_wrapped_module|_checkpoint_wrapped_module|_orig_mod|module)\.")
@@ -72,10 +73,15 @@ class GatedTrainer(Trainer):
             parameters = {_plain_name(name): p for name, p in (model or self.model).named_parameters()}
             groups = []
             for group in self.gate_groups:
-                groups.append({**{k: v for k, v in group.items() if k not in ("params", "names")},
-                               "params": [parameters[name] for name in group["names"]]})
-            self.optimizer = torch.optim.AdamW(groups, lr=self.args.learning_rate, betas=self.adam_betas,
-                                               eps=self.args.adam_epsilon)
+                groups.append(
+                    {
+                        **{k: v for k, v in group.items() if k not in ("params", "names")},
+                        "params": [parameters[name] for name in group["names"]],
+                    }
+                )
+            self.optimizer = torch.optim.AdamW(
+                groups, lr=self.args.learning_rate, betas=self.adam_betas, eps=self.args.adam_epsilon
+            )
         return self.optimizer
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
@@ -91,11 +97,18 @@ class GatedTrainer(Trainer):
         """
         loss, outputs = super().compute_loss(model, inputs, return_outputs=True, num_items_in_batch=num_items_in_batch)
         aux_loss = outputs.get("aux_loss") if isinstance(outputs, dict) else None
-        if aux_loss is not None and model.training and self.model_accepts_loss_kwargs and num_items_in_batch is not None:
+        if (
+            aux_loss is not None
+            and model.training
+            and self.model_accepts_loss_kwargs
+            and num_items_in_batch is not None
+        ):
             # the factor Trainer.compute_loss multiplied the whole loss by, as it computes it
             processes = 1
             if self.args.average_tokens_across_devices:
-                processes = self.accelerator.num_processes // self.get_tp_size() if self.args.n_gpu <= 1 else self.args.n_gpu
+                processes = (
+                    self.accelerator.num_processes // self.get_tp_size() if self.args.n_gpu <= 1 else self.args.n_gpu
+                )
             steps = getattr(self, "current_gradient_accumulation_steps", None) or self.args.gradient_accumulation_steps
             coef = self.accelerator.unwrap_model(model).router_aux_loss_coef
             loss = loss + coef * aux_loss.to(loss.device) * (1.0 / steps - processes)
@@ -120,14 +133,24 @@ class GatedTrainer(Trainer):
         from transformers import default_data_collator
 
         # PackedRows already yields this process's rows: a plain DataLoader, not one accelerate shards again
-        return torch.utils.data.DataLoader(self.train_dataset, batch_size=self._train_batch_size, collate_fn=default_data_collator)
+        return torch.utils.data.DataLoader(
+            self.train_dataset, batch_size=self._train_batch_size, collate_fn=default_data_collator
+        )
 
 
 class RunCallback(TrainerCallback):
     """Held-out loss every ``eval_every`` steps, a ``log.csv`` row per step, ``run_state.json`` in every checkpoint."""
 
-    def __init__(self, args: TrainingArguments, heldout, out: Path, num_processes: int, data_shards: int,
-                 is_main: bool, state: dict | None):
+    def __init__(
+        self,
+        args: TrainingArguments,
+        heldout,
+        out: Path,
+        num_processes: int,
+        data_shards: int,
+        is_main: bool,
+        state: dict | None,
+    ):
         self.args, self.heldout, self.out = args, heldout, out
         self.num_processes, self.data_shards, self.is_main = num_processes, data_shards, is_main
         self.train_loss = state.get("train_loss") if state else None
@@ -153,8 +176,15 @@ class RunCallback(TrainerCallback):
         if self.heldout is not None and not self.resumed:
             result = self._evaluate(model)
             if self.is_main:
-                append_log_row(self.out / "log.csv", {"step": 0, "tokens": 0, "heldout_loss": f"{result['loss']:.5f}",
-                                                      "heldout_ppl": f"{result['ppl']:.3f}"})
+                append_log_row(
+                    self.out / "log.csv",
+                    {
+                        "step": 0,
+                        "tokens": 0,
+                        "heldout_loss": f"{result['loss']:.5f}",
+                        "heldout_ppl": f"{result['ppl']:.3f}",
+                    },
+                )
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
         self.window_steps += 1
@@ -175,22 +205,38 @@ class RunCallback(TrainerCallback):
         tokens_per_s = self.window_steps * self.args.tokens_per_step(self.num_processes) / max(seconds, 1e-9)
         # the base rate (--lr, scheduled); the first group may be the gate rows at lr * gate_lr_scale
         lr = lr_scheduler.get_last_lr()[0] / optimizer.param_groups[0].get("lr_scale", 1.0)
-        row = {"step": step, "tokens": self.tokens(step), "lr": f"{lr:.6g}", "train_loss": f"{self.train_loss:.5f}",
-               "tokens_per_s": f"{tokens_per_s:.1f}", "elapsed_s": f"{self.elapsed:.1f}"}
+        row = {
+            "step": step,
+            "tokens": self.tokens(step),
+            "lr": f"{lr:.6g}",
+            "train_loss": f"{self.train_loss:.5f}",
+            "tokens_per_s": f"{tokens_per_s:.1f}",
+            "elapsed_s": f"{self.elapsed:.1f}",
+        }
         if self.pending_eval is not None:
             row.update(heldout_loss=f"{self.pending_eval['loss']:.5f}", heldout_ppl=f"{self.pending_eval['ppl']:.3f}")
             if self.args.progress and self.is_main:
-                print(f"step {step}: held-out loss {self.pending_eval['loss']:.4f}, ppl {self.pending_eval['ppl']:.2f}", flush=True)
+                print(
+                    f"step {step}: held-out loss {self.pending_eval['loss']:.4f}, ppl {self.pending_eval['ppl']:.2f}",
+                    flush=True,
+                )
             self.pending_eval = None
         if self.is_main:
             append_log_row(self.out / "log.csv", row)
         self.window_start, self.window_steps = time.perf_counter(), 0
 
     def run_state(self, step: int) -> dict:
-        return {"step": step, "tokens": self.tokens(step), "elapsed_s": self.elapsed, "train_loss": self.train_loss,
-                "heldout": self.last_eval, "num_processes": self.num_processes,
-                "rows_per_step": self.args.rows_per_step(self.num_processes), "data_shards": self.data_shards,
-                "args": dataclasses.asdict(self.args)}
+        return {
+            "step": step,
+            "tokens": self.tokens(step),
+            "elapsed_s": self.elapsed,
+            "train_loss": self.train_loss,
+            "heldout": self.last_eval,
+            "num_processes": self.num_processes,
+            "rows_per_step": self.args.rows_per_step(self.num_processes),
+            "data_shards": self.data_shards,
+            "args": dataclasses.asdict(self.args),
+        }
 
     def on_save(self, args, state, control, **kwargs):
         if self.is_main:  # after Trainer's files: a checkpoint without it is one a killed run did not finish
@@ -222,12 +268,17 @@ def check_scaling_options(args: TrainingArguments, num_processes: int) -> int:
         )
     if args.deepspeed and not Path(args.deepspeed).is_file() and not args.deepspeed.lstrip().startswith("{"):
         raise TrainingError(f"--deepspeed {args.deepspeed} is not a file; give a DeepSpeed JSON config")
-    for value, flag in ((args.gradient_accumulation_steps, "--gradient-accumulation-steps"), (args.data_shards, "--data-shards")):
+    for value, flag in (
+        (args.gradient_accumulation_steps, "--gradient-accumulation-steps"),
+        (args.data_shards, "--data-shards"),
+    ):
         if value is not None and value < 1:
             raise TrainingError(f"{flag} must be at least 1, got {value}")
     shards = args.data_shards or num_processes
     if shards % num_processes:
-        raise TrainingError(f"{num_processes} processes cannot share {shards} data shards evenly; pass --data-shards a multiple of {num_processes}")
+        raise TrainingError(
+            f"{num_processes} processes cannot share {shards} data shards evenly; pass --data-shards a multiple of {num_processes}"
+        )
     return shards
 
 
@@ -243,22 +294,49 @@ def _hf_arguments(args: TrainingArguments, total_steps: int, num_processes: int)
     )
     fsdp_config = None
     if args.fsdp_config:
-        fsdp_config = json.loads(Path(args.fsdp_config).read_text()) if Path(args.fsdp_config).is_file() else json.loads(args.fsdp_config)
-    return HFTrainingArguments(**{k: v for k, v in dict(
-        output_dir=args.output_dir, per_device_train_batch_size=args.batch_size,
-        gradient_accumulation_steps=args.gradient_accumulation_steps, max_steps=total_steps,
-        learning_rate=args.learning_rate, weight_decay=args.weight_decay, adam_beta1=args.adam_betas[0],
-        adam_beta2=args.adam_betas[1], max_grad_norm=args.max_grad_norm, lr_scheduler_type="cosine_with_min_lr",
-        lr_scheduler_kwargs={"min_lr_rate": args.min_lr_rate}, warmup_steps=min(args.warmup_steps, total_steps),
-        logging_strategy="steps", logging_steps=1, save_strategy="steps", save_steps=args.save_every or total_steps,
-        seed=args.seed, bf16=_precision(args), **{checkpointing: args.gradient_checkpointing},
-        fsdp=args.fsdp or "", fsdp_config=fsdp_config, deepspeed=args.deepspeed, report_to=args.report_to,
-        disable_tqdm=not args.progress, remove_unused_columns=False, ddp_find_unused_parameters=False,
-        dataloader_num_workers=0,
-        # several processes on a machine without CUDA: without use_cpu, transformers sees no distributed mode
-        # (each process would believe it is alone); with it, accelerate runs them as MULTI_CPU over gloo
-        use_cpu=True if num_processes > 1 and not torch.cuda.is_available() else None,
-    ).items() if v is not None})
+        fsdp_config = (
+            json.loads(Path(args.fsdp_config).read_text())
+            if Path(args.fsdp_config).is_file()
+            else json.loads(args.fsdp_config)
+        )
+    return HFTrainingArguments(
+        **{
+            k: v
+            for k, v in dict(
+                output_dir=args.output_dir,
+                per_device_train_batch_size=args.batch_size,
+                gradient_accumulation_steps=args.gradient_accumulation_steps,
+                max_steps=total_steps,
+                learning_rate=args.learning_rate,
+                weight_decay=args.weight_decay,
+                adam_beta1=args.adam_betas[0],
+                adam_beta2=args.adam_betas[1],
+                max_grad_norm=args.max_grad_norm,
+                lr_scheduler_type="cosine_with_min_lr",
+                lr_scheduler_kwargs={"min_lr_rate": args.min_lr_rate},
+                warmup_steps=min(args.warmup_steps, total_steps),
+                logging_strategy="steps",
+                logging_steps=1,
+                save_strategy="steps",
+                save_steps=args.save_every or total_steps,
+                seed=args.seed,
+                bf16=_precision(args),
+                **{checkpointing: args.gradient_checkpointing},
+                fsdp=args.fsdp or "",
+                fsdp_config=fsdp_config,
+                deepspeed=args.deepspeed,
+                report_to=args.report_to,
+                disable_tqdm=not args.progress,
+                remove_unused_columns=False,
+                ddp_find_unused_parameters=False,
+                dataloader_num_workers=0,
+                # several processes on a machine without CUDA: without use_cpu, transformers sees no distributed mode
+                # (each process would believe it is alone); with it, accelerate runs them as MULTI_CPU over gloo
+                use_cpu=True if num_processes > 1 and not torch.cuda.is_available() else None,
+            ).items()
+            if v is not None
+        }
+    )
 
 
 def _make_tokenizer(args: TrainingArguments, documents, is_main: bool, num_processes: int):
@@ -270,10 +348,14 @@ def _make_tokenizer(args: TrainingArguments, documents, is_main: bool, num_proce
 
     text = [None]
     if is_main:
-        text = [train_tokenizer(iter_texts(documents), args.vocab_size or DEFAULT_VOCAB_SIZE).backend_tokenizer.to_str()]
+        text = [
+            train_tokenizer(iter_texts(documents), args.vocab_size or DEFAULT_VOCAB_SIZE).backend_tokenizer.to_str()
+        ]
     if num_processes > 1:
         torch.distributed.broadcast_object_list(text, src=0)
-    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(text[0]), eos_token=EOS_TOKEN, pad_token=PAD_TOKEN)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer.from_str(text[0]), eos_token=EOS_TOKEN, pad_token=PAD_TOKEN
+    )
 
 
 def train(args: TrainingArguments, resume: str | Path | None = None) -> dict:
@@ -312,7 +394,9 @@ def train(args: TrainingArguments, resume: str | Path | None = None) -> dict:
     total_steps = args.total_steps(num_processes)
     hf_args = _hf_arguments(args, total_steps, num_processes)
     if hf_args.world_size != num_processes:  # sets up the process group
-        raise TrainingError(f"WORLD_SIZE says {num_processes} processes but {hf_args.world_size} joined; launch with torchrun or accelerate launch")
+        raise TrainingError(
+            f"WORLD_SIZE says {num_processes} processes but {hf_args.world_size} joined; launch with torchrun or accelerate launch"
+        )
     rank, is_main = hf_args.process_index, hf_args.process_index == 0
     # --out is checked now (by every process) and written only once every input has been read and checked (below).
     output = ckpt.output_folder(args, checkpoint)
@@ -326,7 +410,9 @@ def train(args: TrainingArguments, resume: str | Path | None = None) -> dict:
         try:
             tokenizer = AutoTokenizer.from_pretrained(str(source))
         except Exception as error:  # a damaged tokenizer.json raises the tokenizers library's own errors
-            raise TrainingError(f"cannot load the tokenizer in {source} ({ckpt._first_sentence(error)}); it is damaged or not a tokenizer folder") from None
+            raise TrainingError(
+                f"cannot load the tokenizer in {source} ({ckpt._first_sentence(error)}); it is damaged or not a tokenizer folder"
+            ) from None
     elif args.init_from:
         # --init-from keeps the model's own tokenizer: there is no "elsewhere" to point to
         tokenizer = load_tokenizer(args.init_from, args.init_from_subfolder, args.init_from_revision, elsewhere=None)
@@ -339,7 +425,9 @@ def train(args: TrainingArguments, resume: str | Path | None = None) -> dict:
                 f"the tokenizer of {args.init_from} has {len(tokenizer)} tokens but its model's vocab_size is "
                 f"{initial_model.config.vocab_size}: it is not this model's tokenizer"
             )
-    rows = PackedRows(documents, tokenizer, args.seq_len, data_shards, rank, num_processes, args.seed, args.shuffle_buffer)
+    rows = PackedRows(
+        documents, tokenizer, args.seq_len, data_shards, rank, num_processes, args.seed, args.shuffle_buffer
+    )
     from .data import reading_error
 
     try:
@@ -363,7 +451,9 @@ def train(args: TrainingArguments, resume: str | Path | None = None) -> dict:
             )
     groups = parameter_groups(model, args)  # before Trainer loads a checkpoint into the model: the gate rows apart
     names = {id(p): _plain_name(name) for name, p in model.named_parameters()}
-    named_groups = [{**{k: v for k, v in g.items() if k != "params"}, "names": [names[id(p)] for p in g["params"]]} for g in groups]
+    named_groups = [
+        {**{k: v for k, v in g.items() if k != "params"}, "names": [names[id(p)] for p in g["params"]]} for g in groups
+    ]
     parameters = sum(p.numel() for p in model.parameters())
     trainable_parameters = sum(p.numel() for group in groups for p in group["params"])
 
@@ -378,7 +468,9 @@ def train(args: TrainingArguments, resume: str | Path | None = None) -> dict:
         except (OSError, ValueError):
             summary = None
         if isinstance(summary, dict) and summary.get("steps") == step:
-            logger.warning(f"{out} already finished its {total_steps} steps; nothing to do (its results: {summary_path})")
+            logger.warning(
+                f"{out} already finished its {total_steps} steps; nothing to do (its results: {summary_path})"
+            )
             return summary
 
     # Every input has been read and checked: from here on the run writes.
@@ -393,8 +485,15 @@ def train(args: TrainingArguments, resume: str | Path | None = None) -> dict:
         logger.info(f"training {trainable_parameters:,} of {parameters:,} parameters")
 
     callback = RunCallback(args, heldout, out, num_processes, data_shards, is_main, state)
-    trainer = GatedTrainer(model=model, args=hf_args, train_dataset=rows, processing_class=tokenizer,
-                           parameter_groups=named_groups, adam_betas=args.adam_betas, callbacks=[callback])
+    trainer = GatedTrainer(
+        model=model,
+        args=hf_args,
+        train_dataset=rows,
+        processing_class=tokenizer,
+        parameter_groups=named_groups,
+        adam_betas=args.adam_betas,
+        callbacks=[callback],
+    )
     trainer.remove_callback(PrinterCallback)
     if not args.progress:
         trainer.remove_callback(ProgressCallback)
@@ -429,8 +528,14 @@ def train(args: TrainingArguments, resume: str | Path | None = None) -> dict:
             # A model continued from a checkpoint keeps the generation config it was loaded with (save_pretrained
             # wrote it); one trained from scratch has only the defaults derived from its config: give it ours.
             if not args.init_from:
-                GenerationConfig(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, do_sample=True,
-                                 temperature=0.8, top_k=50, max_new_tokens=64).save_pretrained(staging)
+                GenerationConfig(
+                    eos_token_id=tokenizer.eos_token_id,
+                    pad_token_id=tokenizer.pad_token_id,
+                    do_sample=True,
+                    temperature=0.8,
+                    top_k=50,
+                    max_new_tokens=64,
+                ).save_pretrained(staging)
     summary = {
         "steps": step,
         "tokens": callback.tokens(step),
