@@ -24,7 +24,7 @@ from functools import partial
 from importlib import import_module
 
 from .models.auto import on_transformers_import, register_with_peft
-from .utils.import_hooks import alias_module, when_imported
+from .utils.import_hooks import when_imported
 
 
 __version__ = "0.1.0"
@@ -45,24 +45,6 @@ _LAZY = {
     "convert_qwen3_to_gated": "transforms.conversion",
     "export_checkpoint": "transforms.export",
 }
-
-# Module paths of earlier releases, kept importable (each is the same module object as its new place).
-LEGACY_MODULES = {
-    "analysis": "tools.analysis",
-    "benchmark": "tools.benchmark",
-    "configuration_qwen3_gated": "models.qwen3_gated.configuration_qwen3_gated",
-    "conversion": "transforms.conversion",
-    "evaluation": "tools.evaluation",
-    "export": "transforms.export",
-    "generation": "tools.generation",
-    "layout": "models.layout",
-    "modeling_qwen3_gated": "models.qwen3_gated.modeling_qwen3_gated",
-    "outputs": "checkpoint.outputs",
-    "training": "tools.training",
-    "vllm_plugin": "serving.vllm_plugin",
-}
-for _old, _new in LEGACY_MODULES.items():
-    alias_module(f"{__name__}.{_old}", f"{__name__}.{_new}")
 
 # Strict loading (gated_qwen.checkpoint.loading) on each model family's base class, installed as its modeling
 # module is imported: one entry per family. Before the transformers hook below, which may import the module.
@@ -87,14 +69,11 @@ when_imported("peft.utils.constants", register_with_peft)
 
 def __getattr__(name: str):
     if name in _LAZY:
-        import_module(
-            ".models.qwen3_gated.modeling_qwen3_gated", __name__
-        )  # registers every family with the Auto classes
+        # Registers every family with the Auto classes.
+        import_module(".models.qwen3_gated.modeling_qwen3_gated", __name__)
         value = getattr(import_module(f".{_LAZY[name]}", __name__), name)
         globals()[name] = value
         return value
-    if name in LEGACY_MODULES:  # gated_qwen.conversion as an attribute, as before the move
-        return import_module(f".{name}", __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

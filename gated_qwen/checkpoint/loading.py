@@ -22,11 +22,11 @@ from __future__ import annotations
 import functools
 
 from ..errors import CheckpointError
-from . import (
-    HUB_KWARGS,
-    read_weight_file_header,
-    resolve_weight_files,
-)  # the package: these may move between its modules
+
+# From the modules that define them, not the package: a transformers import inside the package's __init__ can
+# import this module (through the registration hook) while the package is half initialised.
+from .formats import read_weight_file_header
+from .sources import HUB_KWARGS, resolve_weight_files
 from .validation import check_layer_count, check_loaded_weights, check_weights_match_config
 
 

@@ -331,7 +331,8 @@ def test_gate_lr_scale_scales_the_gate_rows_update_only(corpus, tmp_path, releas
 
 
 @pytest.mark.parametrize(
-    "options", [{"gate": "headwise", "gate_init": "random"}, {"gate": "headwise", "trainable": "gate", "gate_lr_scale": 5.0}]
+    "options",
+    [{"gate": "headwise", "gate_init": "random"}, {"gate": "headwise", "trainable": "gate", "gate_lr_scale": 5.0}],
 )
 def test_resume_with_init_from_equals_an_uninterrupted_run(corpus, tmp_path, options):
     stock = write_stock_checkpoint(tmp_path / "stock")
