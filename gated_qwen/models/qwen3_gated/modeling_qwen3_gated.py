@@ -9,8 +9,6 @@ Loading rules (what ``from_pretrained`` refuses) are not here: :mod:`gated_qwen.
 strict loader on :class:`Qwen3GatedPreTrainedModel` when this module is imported.
 """
 
-from __future__ import annotations
-
 from collections.abc import Callable
 
 import torch
@@ -18,7 +16,6 @@ import transformers
 from packaging import version
 from torch import nn
 from transformers.cache_utils import Cache
-from transformers.generation import GenerationMixin
 from transformers.integrations import use_kernelized_func
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.qwen3.modeling_qwen3 import (
@@ -151,7 +148,6 @@ class Qwen3GatedDecoderLayer(Qwen3DecoderLayer):
 
 
 class Qwen3GatedPreTrainedModel(GatedQProjTensorParallelMixin, Qwen3PreTrainedModel):
-    config_class = Qwen3GatedConfig
     config: Qwen3GatedConfig
     _no_split_modules = ["Qwen3GatedDecoderLayer"]
     _can_record_outputs = {
@@ -188,7 +184,7 @@ class Qwen3GatedModel(Qwen3GatedPreTrainedModel, Qwen3Model):
         self.post_init()
 
 
-class Qwen3GatedForCausalLM(Qwen3GatedPreTrainedModel, Qwen3ForCausalLM, GenerationMixin):
+class Qwen3GatedForCausalLM(Qwen3GatedPreTrainedModel, Qwen3ForCausalLM):
     """Qwen3Gated with a language-model head; loads the released checkpoints directly.
 
     >>> from gated_qwen import Qwen3GatedForCausalLM

@@ -11,10 +11,7 @@ Loading rules are not here: :mod:`gated_qwen.checkpoint.loading` puts the strict
 :class:`Qwen3MoeGatedPreTrainedModel` when this module is imported.
 """
 
-from __future__ import annotations
-
 from torch import nn
-from transformers.generation import GenerationMixin
 from transformers.modeling_layers import GenericForSequenceClassification
 from transformers.models.qwen3_moe.modeling_qwen3_moe import (
     Qwen3MoeDecoderLayer,
@@ -51,7 +48,6 @@ class Qwen3MoeGatedDecoderLayer(Qwen3MoeDecoderLayer):
 
 
 class Qwen3MoeGatedPreTrainedModel(GatedQProjTensorParallelMixin, Qwen3MoePreTrainedModel):
-    config_class = Qwen3MoeGatedConfig
     config: Qwen3MoeGatedConfig
     _no_split_modules = ["Qwen3MoeGatedDecoderLayer"]
     # transformers decides whether a model may choose its experts implementation (eager, grouped_mm, ...) by
@@ -93,7 +89,7 @@ class Qwen3MoeGatedModel(Qwen3MoeGatedPreTrainedModel, Qwen3MoeModel):
         self.post_init()
 
 
-class Qwen3MoeGatedForCausalLM(Qwen3MoeGatedPreTrainedModel, Qwen3MoeForCausalLM, GenerationMixin):
+class Qwen3MoeGatedForCausalLM(Qwen3MoeGatedPreTrainedModel, Qwen3MoeForCausalLM):
     """Qwen3MoeGated with a language-model head (router logits and auxiliary loss as in Qwen3-MoE).
 
     >>> from gated_qwen import Qwen3MoeGatedForCausalLM
