@@ -489,11 +489,14 @@ def test_hub_subfolder_fetches_only_what_loading_needs(tmp_path, monkeypatch):
 # and stays strict where a mismatch means the config does not describe the weights.
 
 
-def test_causal_lm_lists_generation_mixin_among_its_direct_bases():
+def test_causal_lm_generates_through_qwen3s_generation_mixin():
     from transformers import GenerationMixin
 
-    assert GenerationMixin in Qwen3GatedForCausalLM.__bases__
-    assert Qwen3GatedForCausalLM.can_generate()
+    from gated_qwen import Qwen3MoeGatedForCausalLM
+
+    for causal_lm in (Qwen3GatedForCausalLM, Qwen3MoeGatedForCausalLM):
+        assert issubclass(causal_lm, GenerationMixin) and causal_lm.can_generate()
+        assert GenerationMixin not in causal_lm.__bases__  # inherited through Qwen3's causal LM, not listed again
 
 
 def test_a_bare_model_checkpoint_loads_into_the_causal_lm_with_a_fresh_head(tmp_path):
