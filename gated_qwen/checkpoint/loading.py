@@ -27,7 +27,13 @@ from ..errors import CheckpointError
 # import this module (through the registration hook) while the package is half initialised.
 from .formats import read_weight_file_header
 from .sources import HUB_KWARGS, resolve_weight_files
-from .validation import check_layer_count, check_loaded_weights, check_weights_match_config
+from .validation import (
+    check_layer_count,
+    check_loaded_weights,
+    check_weights_match_config,
+    loaded_shapes,
+    quantized_parameters,
+)
 
 
 # The attribute that marks a from_pretrained installed here (installing twice changes nothing).
@@ -65,6 +71,10 @@ def strict_from_pretrained(
     error). ``strict=False`` is transformers' behaviour in every case. ``trust_remote_code=True`` is
     refused.
 
+    A quantized checkpoint (``save_pretrained`` of a model loaded with transformers' ``TorchAoConfig``) is
+    read under the same rules: each quantized weight's stored parts count as the weight, and its shape is
+    checked on the loaded model, where the quantized tensor reports the shape of the weight it stands for.
+
     >>> model = Qwen3GatedForCausalLM.from_pretrained("path/to/1B_gate_headwise")  # doctest: +SKIP
     >>> model = Qwen3GatedForCausalLM.from_pretrained("path/to/bare_model", strict=False)  # doctest: +SKIP
     """
@@ -98,14 +108,20 @@ def strict_from_pretrained(
             config = cls.config_class.from_pretrained(
                 config or pretrained_model_name_or_path, **hub_kwargs, **overrides
             )
+        # A quantized checkpoint (its config carries a quantization_config) stores each quantized weight as
+        # the quantizer's parts: read them as the weight, and leave their stored shapes to the quantizer.
+        quantized = set()
+        if getattr(config, "quantization_config", None) or kwargs.get("quantization_config"):
+            tensors, quantized = quantized_parameters(tensors)
         # From the headers, before transformers builds anything the config claims. Under
         # ignore_mismatched_sizes, transformers re-initialises differing sizes: only the gate rows stay checked.
-        check_weights_match_config(
-            config, tensors, source, sizes=not kwargs.get("ignore_mismatched_sizes"), advice=advice
-        )
+        sizes = not kwargs.get("ignore_mismatched_sizes")
+        check_weights_match_config(config, tensors, source, sizes=sizes, advice=advice, unchecked=quantized)
 
     model, loading_info = inherited(pretrained_model_name_or_path, *model_args, output_loading_info=True, **kwargs)
     if checkable:
+        if quantized:  # transformers sets a quantized weight whatever its shape: check the shapes it stands for
+            check_weights_match_config(config, loaded_shapes(model, tensors, quantized), source, sizes, advice)
         check_loaded_weights(model, loading_info, set(tensors) or None, str(pretrained_model_name_or_path))
     return (model, loading_info) if output_loading_info else model
 

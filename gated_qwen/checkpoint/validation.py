@@ -23,7 +23,7 @@ both reusing :func:`attention_shape` and :func:`norm_shape`.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
 from ..errors import CheckpointError, WeightShapeMismatchError
@@ -260,13 +260,61 @@ def _shown(shape) -> str:
     return "(" + ", ".join(map(str, shape)) + (",)" if len(shape) == 1 else ")")
 
 
-def weight_disagreements(config, tensors: Mapping[str, TensorInfo], sizes: bool = True) -> list[str]:
+# torchao's safetensors layout (transformers' TorchAoHfQuantizer.serialized_names): a quantized parameter
+# "<module>.weight" is stored as its tensor subclass's parts, "<module>._weight_qdata", "<module>._weight_scale", ...
+_QUANTIZED_PART = re.compile(
+    r"^(.+)\._(\w+?)_(?:qdata|scale_and_zero|per_tensor_scale|scale|zero_point|act_pre_scale)$"
+)
+
+
+def quantized_parameters(tensors: Mapping[str, TensorInfo]) -> tuple[dict[str, TensorInfo], set[str]]:
+    """The tensors under the model's parameter names, and the names whose tensors a quantizer (torchao) owns.
+
+    A quantized parameter's parts become the one parameter, so that what the checkpoint holds is checked
+    as for any other; its entry is one part's header, whose shape is the quantizer's (packed formats store
+    another shape than the weight's): check it on the loaded model (:func:`loaded_shapes`).
+
+    >>> quantized_parameters({"q_proj._weight_qdata": info, "q_proj._weight_scale": scale})  # doctest: +SKIP
+    ({'q_proj.weight': info}, {'q_proj.weight'})
+    """
+    plain: dict[str, TensorInfo] = {}
+    quantized: set[str] = set()
+    for name, info in tensors.items():
+        part = _QUANTIZED_PART.match(name)
+        if part is None:
+            plain[name] = info
+        else:
+            quantized.add(f"{part.group(1)}.{part.group(2)}")
+            plain.setdefault(f"{part.group(1)}.{part.group(2)}", info)
+    return plain, quantized
+
+
+def loaded_shapes(model, tensors: Mapping[str, TensorInfo], names: set[str]) -> dict[str, TensorInfo]:
+    """``tensors`` with the shapes of ``names`` taken from the loaded ``model``: a quantized weight (a torchao
+    tensor subclass) reports the shape of the weight it stands for, whatever its storage.
+
+    >>> check_weights_match_config(config, loaded_shapes(model, tensors, quantized))  # doctest: +SKIP
+    """
+    params = model.state_dict()
+    shapes = dict(tensors)
+    for name in names:
+        # A bare-model checkpoint's names lack the causal LM's prefix.
+        param = params.get(name, params.get(f"{model.base_model_prefix}.{name}"))
+        if param is not None:  # absent from the model: transformers reports it
+            shapes[name] = TensorInfo(tuple(param.shape), tensors[name].dtype)
+    return shapes
+
+
+def weight_disagreements(
+    config, tensors: Mapping[str, TensorInfo], sizes: bool = True, unchecked: Collection[str] = ()
+) -> list[str]:
     """Each way the tensors disagree with ``config``, worst first, one sentence each ([] when they agree).
 
     Compares every tensor's shape with what the config implies (``sizes=False``: only q_proj's, the gate
     rows that must never be silently re-initialised), refuses decoder tensors the config has no place for,
     and layers beyond or short of ``num_hidden_layers``. Tensors outside the decoder and ``lm_head`` (task
-    heads) are left to transformers. Loops over ``tensors`` only.
+    heads) are left to transformers. The shapes of ``unchecked`` (a quantizer's tensors, whose stored shape
+    is not the weight's) are not compared; that they are there is. Loops over ``tensors`` only.
 
     >>> weight_disagreements(config, read_checkpoint_header(folder).tensors)  # doctest: +SKIP
     ['config.json says vocab_size 500000000, but model.embed_tokens.weight is (160, 64), not (500000000, 64)']
@@ -288,7 +336,7 @@ def weight_disagreements(config, tensors: Mapping[str, TensorInfo], sizes: bool 
         order = (layer is not None, layer or 0, local != "self_attn.q_proj.weight", local)
         if isinstance(expected, NoPlace):
             no_place.setdefault(expected.says, []).append(name)
-        elif expected is not None and tuple(info.shape) != expected.shape:
+        elif expected is not None and name not in unchecked and tuple(info.shape) != expected.shape:
             if local == "self_attn.q_proj.weight" and len(info.shape) == 2:
                 problems.append((order, _q_proj_sentence(config, name, tuple(info.shape))))
             elif sizes or local.startswith("self_attn.q_proj."):  # gate rows are never re-initialised
@@ -373,7 +421,12 @@ def _q_proj_sentence(config, name: str, found: tuple[int, ...]) -> str:
 
 
 def check_weights_match_config(
-    config, tensors: Mapping[str, TensorInfo], source: str = "the checkpoint", sizes: bool = True, advice: str = ""
+    config,
+    tensors: Mapping[str, TensorInfo],
+    source: str = "the checkpoint",
+    sizes: bool = True,
+    advice: str = "",
+    unchecked: Collection[str] = (),
 ) -> None:
     """Refuse, from the headers and before anything is built, weights that ``config`` does not describe.
 
@@ -381,10 +434,11 @@ def check_weights_match_config(
     own size mismatch, a :class:`RuntimeError`) with the first disagreement of :func:`weight_disagreements`
     (``"config.json says vocab_size 500000000, but model.embed_tokens.weight is (160, 64), not (500000000, 64)"``),
     how many more there are, and what to do; ``advice`` is added to the last (say, ``strict=False``).
+    ``unchecked``: names whose shapes are not compared (see :func:`weight_disagreements`).
 
     >>> check_weights_match_config(config, read_checkpoint_header(folder).tensors, str(folder))  # doctest: +SKIP
     """
-    _refuse(source, weight_disagreements(config, tensors, sizes), advice, error=WeightShapeMismatchError)
+    _refuse(source, weight_disagreements(config, tensors, sizes, unchecked), advice, error=WeightShapeMismatchError)
 
 
 def _refuse(source: str, sentences: list[str], advice: str, error: type[CheckpointError] = CheckpointError) -> None:
@@ -492,10 +546,12 @@ __all__ = [
     "check_weights_match_config",
     "dense_layer_tensors",
     "dense_shape",
+    "loaded_shapes",
     "mlp_shape",
     "moe_layer_tensors",
     "moe_shape",
     "norm_shape",
+    "quantized_parameters",
     "required_head_keys",
     "split_layer_name",
     "weight_disagreements",
