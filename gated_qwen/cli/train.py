@@ -21,8 +21,8 @@ def add_parser(subparsers) -> None:
         "Qwen3-MoE checkpoint with --init-from, converting a model without a gate with --gate. AdamW with warmup and cosine "
         "decay on transformers' Trainer, held-out loss every --eval-every steps, log.csv, loss.png, resumable checkpoints, "
         "the model in OUT/final. Data through Hugging Face datasets (Arrow cache, or --streaming), sharded across "
-        "processes and packed into rows. Runs on CPU, one GPU, or several processes under `torchrun` or `accelerate launch` (DDP; FSDP and "
-        "DeepSpeed on GPUs).",
+        "processes and packed into rows. Runs on CPU, one GPU, or several processes under `torchrun` (DDP; FSDP, DeepSpeed "
+        "and `accelerate launch` on GPUs).",
     )
     data = parser.add_argument_group("data")
     source = data.add_mutually_exclusive_group(required=True)
@@ -52,8 +52,9 @@ def add_parser(subparsers) -> None:
         "--data-shards",
         type=int,
         metavar="N",
-        help="read the data as N shards, process r of W taking shards r, r+W, ... (default: one per process); "
-        "runs with the same N see the same rows per step whatever their process count",
+        help="read the data as N shards, the global stream taking one row of each in turn and process r of W its rows "
+        "r, r+W, ... (default: 1; streamed, one per process, N a multiple of W); runs with the same N see the same "
+        "rows per step whatever their process count",
     )
     data.add_argument(
         "--shuffle-buffer",

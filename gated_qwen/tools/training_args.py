@@ -65,7 +65,7 @@ class TrainingArguments:
     streaming: bool = (
         False  # True: read the data as it trains (datasets streaming); False: through datasets' Arrow cache
     )
-    data_shards: int | None = None  # the data is read as this many shards (None: one per process); see data.py
+    data_shards: int | None = None  # the data is read as this many shards (None: 1, streamed one per process); data.py
     shuffle_buffer: int = 1000  # streaming: documents in the shuffle buffer of each shard
     config: str | None = (
         None  # a config.json (e.g. configs/small_4M.json; an MoE one by model_type); None: Qwen3GatedConfig defaults + flags

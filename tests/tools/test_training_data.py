@@ -3,6 +3,7 @@ or not (the same rows; permuted whole, or shuffled in a buffer), shards that rea
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -117,14 +118,33 @@ def test_shards_split_the_documents_without_overlap(tmp_path):
         assert not set(parts[0]) & set(parts[1])
 
 
-def test_processes_need_a_multiple_of_their_count_in_shards(tmp_path, tokenizer):
+def test_streaming_processes_need_a_multiple_of_their_count_in_shards(tmp_path, tokenizer):
+    documents = load_documents(
+        TrainingArguments(
+            train_file=str(write_jsonl(tmp_path / "t.jsonl")), output_dir="u", max_steps=1, streaming=True
+        )
+    )
+    with pytest.raises(
+        TrainingError,
+        match="2 processes cannot share 3 streamed data shards evenly; pass --data-shards a multiple of 2",
+    ):
+        PackedRows(documents, tokenizer, 16, num_shards=3, rank=0, world_size=2, seed=0)
+
+
+@pytest.mark.parametrize("shards", [1, 3])
+def test_processes_split_the_global_stream_of_any_shard_count(tmp_path, tokenizer, shards):
+    """From an Arrow data set, process r of W takes rows r, r + W, ... of the 1-process stream, however many shards."""
     documents = load_documents(
         TrainingArguments(train_file=str(write_jsonl(tmp_path / "t.jsonl")), output_dir="u", max_steps=1)
     )
-    with pytest.raises(
-        TrainingError, match="2 processes cannot share 3 data shards evenly; pass --data-shards a multiple of 2"
-    ):
-        PackedRows(documents, tokenizer, 16, num_shards=3, rank=0, world_size=2, seed=0)
+
+    def first_rows(rank: int, world: int, count: int) -> list[list[int]]:
+        rows = PackedRows(documents, tokenizer, 16, num_shards=shards, rank=rank, world_size=world, seed=0)
+        rows.check()
+        return [row["input_ids"].tolist() for row in itertools.islice(rows, count)]
+
+    one = first_rows(0, 1, 24)
+    assert first_rows(0, 2, 12) == one[0::2] and first_rows(1, 2, 12) == one[1::2]
 
 
 @pytest.mark.parametrize("streaming", ["--streaming", "--no-streaming"])

@@ -1,9 +1,11 @@
-"""Training under several processes (torchrun, gloo on CPU): the same losses and learning rates as one process
-with the same global batch, distinct rows per process, one final/, exact resume, and a resume that would change
-the global batch refused."""
+"""Training under several processes (torchrun, gloo on CPU): with the default options, the same losses and learning
+rates as one process with the same global batch, distinct rows per process, one final/, exact resume, and a resume
+that would change the global batch refused."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import socket
@@ -46,8 +48,6 @@ def command(corpus: Path, out: Path, batch_size: int, *extra: str) -> list[str]:
         "32",
         "--batch-size",
         str(batch_size),
-        "--data-shards",
-        "2",
         "--max-steps",
         "6",
         "--save-every",
@@ -99,11 +99,15 @@ def history(run: Path, step: int) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def runs(corpus, tmp_path_factory):
-    """One process x 8 rows, two processes x 4 rows (6 steps), and the two-process run resumed at step 3 under two."""
+    """One process x 8 rows, two processes x 4 rows (6 steps), and the two-process run resumed at step 3 under two;
+    the first two runs' stderr in one.stderr and two.stderr."""
     root = tmp_path_factory.mktemp("runs")
-    assert main(command(corpus, root / "one", 8)) == 0
+    with contextlib.redirect_stderr(io.StringIO()) as err:
+        assert main(command(corpus, root / "one", 8)) == 0
+    (root / "one.stderr").write_text(err.getvalue())
     two = torchrun(command(corpus, root / "two", 4))
     assert two.returncode == 0, two.stderr[-3000:]
+    (root / "two.stderr").write_text(two.stderr)
     resumed = torchrun(command(corpus, root / "resumed", 4, "--resume", str(root / "two" / "checkpoint-3")))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     return root
@@ -120,6 +124,13 @@ def test_two_processes_match_one_with_the_same_global_batch(runs):
     assert summaries[0]["tokens"] == summaries[1]["tokens"] == 6 * 8 * 32
     assert summaries[1]["num_processes"] == 2 and summaries[1]["rows_per_step"] == 8
     assert summaries[0]["heldout"]["loss"] == pytest.approx(summaries[1]["heldout"]["loss"], abs=1e-5)
+
+
+def test_the_run_states_its_process_count_and_global_batch(runs):
+    one, two = ((runs / name).read_text() for name in ("one.stderr", "two.stderr"))
+    line = "training on {}, global batch 8 rows (per process {} x accumulation 1 x {}), 1 data shard\n"
+    assert line.format("1 process", 8, "1 process") in one, one[-2000:]
+    assert two.count(line.format("2 processes", 4, "2 processes")) == 1, two[-2000:]  # the main process only
 
 
 def test_the_schedule_steps_once_per_optimizer_step_under_two_processes(runs):

@@ -7,8 +7,8 @@ and a split, a local folder), either through datasets' Arrow cache (memory-mappe
 
 * the documents are split into ``data_shards`` shards (contiguous slices of an Arrow data set, or the
   data set's own files when streamed; documents ``k, k + D, ...`` when a stream has fewer files than
-  shards); process ``r`` of ``W`` reads shards ``r, r + W, ...`` only, as
-  ``datasets.distributed.split_dataset_by_node`` assigns them;
+  shards). By default an Arrow data set is one shard, whatever the number of processes, and a stream one
+  shard per process;
 * each shard is tokenized in batches, an end-of-text token after each document, and packed into rows of
   ``seq_len`` tokens. From an Arrow data set (``streaming=False``, the default) the rows are written once
   into an Arrow data set of their own (datasets' cache, memory-mapped) and each epoch reads them in a new
@@ -16,12 +16,16 @@ and a split, a local folder), either through datasets' Arrow cache (memory-mappe
   Trainer's random sampler would draw them. Streamed, a shard cannot be permuted before it has been read:
   its documents are shuffled in a buffer (seeded by the seed and the epoch) before they are packed, which
   mixes only documents that lie within ``shuffle_buffer`` of each other in the files;
-* the rows are repeated epoch after epoch, and the process takes one row of each of its shards in turn.
+* the rows are repeated epoch after epoch, and the global stream of rows takes one row of each shard in turn:
+  ``shard 0 row 0, shard 1 row 0, ..., shard D-1 row 0, shard 0 row 1, ...``. Process ``r`` of ``W`` takes rows
+  ``r, r + W, r + 2W, ...`` of that stream. When ``W`` divides ``D`` those are the rows of shards ``r, r + W, ...``,
+  and the process reads only these shards (as ``datasets.distributed.split_dataset_by_node`` assigns them);
+  otherwise (an Arrow data set only: a stream needs ``W`` to divide ``D``) it reads every shard's row table and
+  keeps its rows.
 
-So the global stream of rows is ``shard 0 row 0, shard 1 row 0, ..., shard D-1 row 0, shard 0 row 1, ...``
-whatever the number of processes: with ``batch_size`` rows per process, the rows of a global step are the
-same for 1 process x 8 rows as for 2 processes x 4 (as long as ``W`` divides ``D``), which is what makes a
-run on N processes match a run on one. No process holds more than a batch of documents and the row
+So the global stream depends on the data, ``D`` and the seed, not on the number of processes: with ``batch_size``
+rows per process, the rows of a global step are the same for 1 process x 8 rows as for 2 processes x 4, which is
+what makes a run on N processes match a run on one. No process holds more than a batch of documents and the row
 tables' pages it reads (memory-mapped): memory does not grow with the corpus. The data position of a checkpoint is the number of rows taken, and a resumed run
 reads up to it again (Trainer's ``skip_first_batches``).
 """
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import itertools
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -213,8 +218,8 @@ def _row_records(rows):
 class PackedRows(torch.utils.data.IterableDataset):
     """The training rows of process ``rank`` of ``world_size``, each ``{"input_ids", "labels"}`` of seq_len tokens.
 
-    See the module docstring: process ``rank`` reads data shards ``rank, rank + world_size, ...`` of
-    ``num_shards`` and yields one row of each in turn, for ever (Trainer stops at ``max_steps``).
+    See the module docstring: process ``rank`` yields rows ``rank, rank + world_size, ...`` of the global stream
+    (one row of each of the ``num_shards`` shards in turn), for ever (Trainer stops at ``max_steps``).
 
     >>> rows = PackedRows(documents, tokenizer, seq_len=256, num_shards=2, rank=0, world_size=2, seed=0)  # doctest: +SKIP
     >>> next(iter(rows))["input_ids"].shape  # doctest: +SKIP
@@ -237,15 +242,18 @@ class PackedRows(torch.utils.data.IterableDataset):
         super().__init__()
         if tokenizer.eos_token_id is None:
             raise TrainingError("the tokenizer has no eos token; documents need one to be packed into a stream")
-        if num_shards % world_size:
+        # an Arrow data set's shards are packed once into row tables and permuted whole; a stream is buffer-shuffled
+        self.permuted = isinstance(documents, datasets.Dataset)
+        if num_shards % world_size and not self.permuted:
             raise TrainingError(
-                f"{world_size} processes cannot share {num_shards} data shards evenly; pass --data-shards a multiple of {world_size}"
+                f"{world_size} processes cannot share {num_shards} streamed data shards evenly; pass --data-shards a "
+                f"multiple of {world_size}"
             )
         self.documents, self.tokenizer, self.seq_len = documents, tokenizer, seq_len
         self.num_shards, self.rank, self.world_size = num_shards, rank, world_size
         self.seed, self.shuffle_buffer = seed, shuffle_buffer
-        # an Arrow data set's shards are packed once into row tables and permuted whole; a stream is buffer-shuffled
-        self.permuted = isinstance(documents, datasets.Dataset)
+        # whether this process reads only its own shards r, r + W, ... (else every shard, keeping its rows)
+        self.own_shards = num_shards % world_size == 0
         self._row_tables: dict = {}  # shard index -> its rows (row_table), once built or read back
 
     def packed_rows(self, index: int) -> Iterator[list[int]]:
@@ -287,12 +295,8 @@ class PackedRows(torch.utils.data.IterableDataset):
         epoch = 0
         if self.permuted:
             table = self.row_table(index)
-            while True:
-                # the same permutation as torch.randperm(rows, generator seeded seed + epoch) of the whole corpus
-                order = torch.randperm(len(table), generator=torch.Generator().manual_seed(self.seed + epoch))
-                for position in order.tolist():
-                    yield table[position]["input_ids"]
-                epoch += 1
+            for position in self._positions(index):
+                yield table[position]["input_ids"]
         shard = shard_documents(self.documents, self.num_shards, index)
         if self.shuffle_buffer > 1:
             shard = shard.shuffle(seed=self.seed + index, buffer_size=self.shuffle_buffer)
@@ -304,6 +308,14 @@ class PackedRows(torch.utils.data.IterableDataset):
                 yield row
             if yielded == 0 and epoch == 0:
                 raise TrainingError(self._too_little(index))
+            epoch += 1
+
+    def _positions(self, index: int) -> Iterator[int]:
+        """The positions in the row table of data shard ``index`` of its rows, epoch after epoch: each epoch the
+        permutation ``torch.randperm(rows)`` draws from a generator seeded ``seed + epoch``."""
+        rows, epoch = len(self.row_table(index)), 0
+        while True:
+            yield from torch.randperm(rows, generator=torch.Generator().manual_seed(self.seed + epoch)).tolist()
             epoch += 1
 
     def _too_little(self, index: int) -> str:
@@ -321,15 +333,29 @@ class PackedRows(torch.utils.data.IterableDataset):
             if next(self.packed_rows(index), None) is None:
                 raise TrainingError(self._too_little(index))
         if self.permuted:
-            for index in range(self.rank, self.num_shards, self.world_size):
+            # datasets builds each table once under a file lock: processes that share a shard wait for its table
+            shards = range(self.rank, self.num_shards, self.world_size) if self.own_shards else range(self.num_shards)
+            for index in shards:
                 self.row_table(index)
 
     def __iter__(self):
-        streams = [self.shard_rows(index) for index in range(self.rank, self.num_shards, self.world_size)]
-        while True:
-            for stream in streams:
-                row = torch.tensor(next(stream), dtype=torch.long)
-                yield {"input_ids": row, "labels": row}
+        for ids in self._rows():
+            row = torch.tensor(ids, dtype=torch.long)
+            yield {"input_ids": row, "labels": row}
+
+    def _rows(self) -> Iterator[list[int]]:
+        """This process's rows of the global stream, for ever (module docstring)."""
+        if self.own_shards:  # rows r, r + W, ... of the global stream are those of shards r, r + W, ... in turn
+            streams = [self.shard_rows(index) for index in range(self.rank, self.num_shards, self.world_size)]
+            for stream in itertools.cycle(streams):
+                yield next(stream)
+        else:  # row g of the global stream is the next row of shard g % D: this process keeps those with g % W == r
+            positions = [self._positions(index) for index in range(self.num_shards)]
+            for g in itertools.count():
+                index = g % self.num_shards
+                position = next(positions[index])
+                if g % self.world_size == self.rank:
+                    yield self.row_table(index)[position]["input_ids"]
 
 
 def read_heldout_rows(args: TrainingArguments, tokenizer) -> torch.Tensor | None:

@@ -16,6 +16,7 @@ import functools
 import json
 import os
 import re
+import sys
 import time
 from pathlib import Path
 
@@ -274,12 +275,30 @@ def check_scaling_options(args: TrainingArguments, num_processes: int) -> int:
     ):
         if value is not None and value < 1:
             raise TrainingError(f"{flag} must be at least 1, got {value}")
-    shards = args.data_shards or num_processes
-    if shards % num_processes:
+    # an Arrow data set is one shard by default (the rows of every step do not depend on the process count); a stream
+    # one shard per process, so that each process reads only its own files
+    shards = args.data_shards or (num_processes if args.streaming else 1)
+    if args.streaming and shards % num_processes:
         raise TrainingError(
-            f"{num_processes} processes cannot share {shards} data shards evenly; pass --data-shards a multiple of {num_processes}"
+            f"{num_processes} processes cannot share {shards} streamed data shards evenly; pass --data-shards a "
+            f"multiple of {num_processes}"
         )
     return shards
+
+
+def describe_scale(args: TrainingArguments, num_processes: int, data_shards: int) -> str:
+    """The line a run starts with: its process count, global batch and data shards.
+
+    >>> describe_scale(TrainingArguments(train_file="t.jsonl", output_dir="o", max_steps=1, batch_size=4), 2, 1)
+    'training on 2 processes, global batch 8 rows (per process 4 x accumulation 1 x 2 processes), 1 data shard'
+    """
+    plural = "process" if num_processes == 1 else "processes"
+    shards = "data shard" if data_shards == 1 else "data shards"
+    return (
+        f"training on {num_processes} {plural}, global batch {args.rows_per_step(num_processes)} rows (per process "
+        f"{args.batch_size} x accumulation {args.gradient_accumulation_steps} x {num_processes} {plural}), "
+        f"{data_shards} {shards}"
+    )
 
 
 def _hf_arguments(args: TrainingArguments, total_steps: int, num_processes: int):
@@ -481,6 +500,8 @@ def train(args: TrainingArguments, resume: str | Path | None = None) -> dict:
             (staging / "train_args.json").write_text(json.dumps(dataclasses.asdict(args), indent=2) + "\n")
         truncate_log(out / "log.csv", step)
     hf_args.distributed_state.wait_for_everyone()
+    if is_main:
+        print(describe_scale(args, num_processes, data_shards), file=sys.stderr, flush=True)
     if args.init_from or args.trainable != "all":
         logger.info(f"training {trainable_parameters:,} of {parameters:,} parameters")
 
@@ -560,4 +581,4 @@ def train(args: TrainingArguments, resume: str | Path | None = None) -> dict:
     return summary
 
 
-__all__ = ["GatedTrainer", "RunCallback", "check_scaling_options", "train"]
+__all__ = ["GatedTrainer", "RunCallback", "check_scaling_options", "describe_scale", "train"]
