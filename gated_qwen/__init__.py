@@ -23,7 +23,7 @@ The package by layers (imports run downwards only):
 from functools import partial
 from importlib import import_module
 
-from .models.auto import on_transformers_import, register_with_peft
+from .models.auto import PEFT_TABLES, on_transformers_import, register_with_peft
 from .utils.import_hooks import when_imported
 
 
@@ -64,7 +64,8 @@ for _module_name, _class_name in STRICT_LOADING.items():
     when_imported(_module_name, partial(_install_strict_loading, _class_name))
 
 when_imported("transformers", on_transformers_import)
-when_imported("peft.utils.constants", register_with_peft)
+for _peft_module in PEFT_TABLES:  # PEFT's defaults and its fused-expert conversion, each module as it loads
+    when_imported(_peft_module, register_with_peft)
 
 
 def __getattr__(name: str):

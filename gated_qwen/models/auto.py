@@ -1,17 +1,19 @@
 """Registration with transformers' Auto classes and with PEFT's per-model defaults, when those libraries load.
 
 ``import gated_qwen`` imports neither torch nor transformers, so that the ``gated-qwen`` command starts
-at once. It still registers ``qwen3_gated`` (and the MoE family, ``qwen3_moe_gated``) with transformers' Auto classes and with PEFT: at once where
-the library is already imported, otherwise the moment it is (a post-import hook, the pattern of
-``wrapt.when_imported``). Either order works::
+at once. It still registers ``qwen3_gated`` (and the MoE family, ``qwen3_moe_gated``) with transformers' Auto
+classes and with PEFT: at once where the library is already imported, otherwise the moment it is (a post-import
+hook, the pattern of ``wrapt.when_imported``). Either order works::
 
     import gated_qwen
     from transformers import AutoModelForCausalLM   # qwen3_gated is registered here
     model = AutoModelForCausalLM.from_pretrained("path/saved/by/gated_qwen")
 
-PEFT picks default target modules by ``model_type``; Qwen3Gated (and Qwen3MoeGated) gets stock Qwen3's for every PEFT method
-(LoRA: ``q_proj`` and ``v_proj``). The gate has no module of its own: it is extra output rows of
-``q_proj``, so an adapter on ``q_proj`` adapts the gate logits together with the queries.
+PEFT picks default target modules by ``model_type``; Qwen3Gated (and Qwen3MoeGated) gets stock Qwen3's for every
+PEFT method (LoRA: ``q_proj`` and ``v_proj``). PEFT also decides by ``model_type`` how to reach an MoE's fused
+expert tensors and router; Qwen3MoeGated gets stock Qwen3-MoE's entry (:data:`PEFT_TABLES`). The gate has no
+module of its own: it is extra output rows of ``q_proj``, so an adapter on ``q_proj`` adapts the gate logits
+together with the queries.
 """
 
 from __future__ import annotations
@@ -118,24 +120,113 @@ def on_transformers_import(_module: ModuleType) -> None:
         importlib.import_module(name)
 
 
-def register_with_peft(constants: ModuleType) -> None:
-    """Give ``qwen3_gated`` stock Qwen3's entry in each of PEFT's per-model-type tables (``peft.utils.constants``).
+# PEFT's per-model-type tables that gated_qwen registers in, by the PEFT module holding them (each module is hooked
+# in gated_qwen/__init__.py). A table this PEFT version lacks is skipped.
+PEFT_TABLES = {
+    # default target modules of each PEFT method: both families take stock Qwen3's (PEFT has no Qwen3-MoE entry)
+    "peft.utils.constants": (
+        "TRANSFORMERS_MODELS_TO_ADALORA_TARGET_MODULES_MAPPING",
+        "TRANSFORMERS_MODELS_TO_ADAMSS_TARGET_MODULES_MAPPING",
+        "TRANSFORMERS_MODELS_TO_BEFT_TARGET_MODULES_MAPPING",
+        "TRANSFORMERS_MODELS_TO_BOFT_TARGET_MODULES_MAPPING",
+        "TRANSFORMERS_MODELS_TO_C3A_TARGET_MODULES_MAPPING",
+        "TRANSFORMERS_MODELS_TO_DEFT_TARGET_MODULES_MAPPING",
+        "TRANSFORMERS_MODELS_TO_DELORA_TARGET_MODULES_MAPPING",
+        "TRANSFORMERS_MODELS_TO_FOURIERFT_TARGET_MODULES_MAPPING",
+        "TRANSFORMERS_MODELS_TO_FROD_TARGET_MODULES_MAPPING",
+        "TRANSFORMERS_MODELS_TO_GLORA_TARGET_MODULES_MAPPING",
+        "TRANSFORMERS_MODELS_TO_GRALORA_TARGET_MODULES_MAPPING",
+        "TRANSFORMERS_MODELS_TO_HIRA_TARGET_MODULES_MAPPING",
+        "TRANSFORMERS_MODELS_TO_HRA_TARGET_MODULES_MAPPING",
+        "TRANSFORMERS_MODELS_TO_IA3_FEEDFORWARD_MODULES_MAPPING",
+        "TRANSFORMERS_MODELS_TO_IA3_TARGET_MODULES_MAPPING",
+        "TRANSFORMERS_MODELS_TO_LILY_TARGET_MODULES_MAPPING",
+        "TRANSFORMERS_MODELS_TO_LNTUNING_TARGET_MODULES_MAPPING",
+        "TRANSFORMERS_MODELS_TO_LOHA_TARGET_MODULES_MAPPING",
+        "TRANSFORMERS_MODELS_TO_LOKR_TARGET_MODULES_MAPPING",
+        "TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING",
+        "TRANSFORMERS_MODELS_TO_MISS_TARGET_MODULES_MAPPING",
+        "TRANSFORMERS_MODELS_TO_OFT_TARGET_MODULES_MAPPING",
+        "TRANSFORMERS_MODELS_TO_OSF_TARGET_MODULES_MAPPING",
+        "TRANSFORMERS_MODELS_TO_PEANUT_TARGET_MODULES_MAPPING",
+        "TRANSFORMERS_MODELS_TO_POLY_TARGET_MODULES_MAPPING",
+        "TRANSFORMERS_MODELS_TO_PSOFT_TARGET_MODULES_MAPPING",
+        "TRANSFORMERS_MODELS_TO_PVERA_TARGET_MODULES_MAPPING",
+        "TRANSFORMERS_MODELS_TO_RANDLORA_TARGET_MODULES_MAPPING",
+        "TRANSFORMERS_MODELS_TO_ROAD_TARGET_MODULES_MAPPING",
+        "TRANSFORMERS_MODELS_TO_SHIRA_TARGET_MODULES_MAPPING",
+        "TRANSFORMERS_MODELS_TO_SUPERTUNING_TARGET_MODULES_MAPPING",
+        "TRANSFORMERS_MODELS_TO_TINYLORA_TARGET_MODULES_MAPPING",
+        "TRANSFORMERS_MODELS_TO_UNILORA_TARGET_MODULES_MAPPING",
+        "TRANSFORMERS_MODELS_TO_VBLORA_TARGET_MODULES_MAPPING",
+        "TRANSFORMERS_MODELS_TO_VERA_TARGET_MODULES_MAPPING",
+        "TRANSFORMERS_MODELS_TO_WAVEFT_TARGET_MODULES_MAPPING",
+    ),
+    # how a model type's fused MoE experts and router are reached (transformers 5 fused them): a LoRA on
+    # "all-linear", on the v4 expert names (gate_proj, up_proj, down_proj, gate) or on `target_parameters`
+    # is turned into adapters on the fused expert tensors and the router. Only the MoE family has one.
+    "peft.utils.transformers_weight_conversion": ("_MODEL_TO_CONVERSION_PATTERN",),
+}
+
+# gated model type -> the stock model type whose entry it takes in each table (the first one the table has)
+PEFT_MODEL_TYPES = {
+    "qwen3_gated": ("qwen3",),
+    "qwen3_moe_gated": ("qwen3_moe", "qwen3"),  # Qwen3-MoE's attention is Qwen3's
+}
+
+
+def register_with_peft(module: ModuleType) -> None:
+    """Give each gated family its stock counterpart's entry in PEFT's per-model-type tables in ``module`` (one of
+    :data:`PEFT_TABLES`): default target modules (``peft.utils.constants``) and the fused-expert conversion
+    (``peft.utils.transformers_weight_conversion``), so that every PEFT target specification adapts on a gated
+    model what it adapts on the stock one. Idempotent; an entry already there is kept.
 
     >>> import peft.utils.constants as constants  # doctest: +SKIP
-    >>> register_with_peft(constants); constants.TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING["qwen3_gated"]  # doctest: +SKIP
+    >>> register_with_peft(constants)  # doctest: +SKIP
+    >>> constants.TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING["qwen3_gated"]  # doctest: +SKIP
     ['q_proj', 'v_proj']
     """
-    for table in vars(constants).values():
-        if isinstance(table, dict) and "qwen3" in table:
-            table.setdefault("qwen3_gated", table["qwen3"])
-            # Qwen3-MoE's attention is Qwen3's; PEFT has a Qwen3-MoE entry only in some tables.
-            table.setdefault("qwen3_moe_gated", table.get("qwen3_moe", table["qwen3"]))
+    for table_name in PEFT_TABLES.get(module.__name__, ()):
+        table = getattr(module, table_name, None)
+        if not isinstance(table, dict):
+            continue
+        for gated, stock_types in PEFT_MODEL_TYPES.items():
+            stock = next((stock for stock in stock_types if stock in table), None)
+            if stock is not None:
+                table.setdefault(gated, table[stock])
+    convert = getattr(module, "convert_peft_config_for_transformers", None)
+    if module.__name__ in PEFT_TABLES and callable(convert) and not hasattr(convert, "__gated_qwen__"):
+        module.convert_peft_config_for_transformers = _keeping_default_targets(convert)
+
+
+def _keeping_default_targets(convert):
+    """PEFT's fused-expert conversion, skipped for a gated model given no targets at all (PEFT's defaults).
+
+    The conversion turns ``target_modules=None`` into an empty set before PEFT looks up its defaults, so that a
+    model type with both a default and a conversion gets neither (stock Qwen3-MoE has no default, so PEFT raises
+    there either way). The gated MoE keeps stock Qwen3's defaults (``q_proj``, ``v_proj``: no expert to convert).
+    """
+
+    def convert_peft_config_for_transformers(peft_config, model, conversions):
+        model_type = getattr(getattr(model, "config", None), "model_type", None)
+        untargeted = getattr(peft_config, "target_modules", None) is None and not getattr(
+            peft_config, "target_parameters", None
+        )
+        if model_type in PEFT_MODEL_TYPES and untargeted:
+            return None
+        return convert(peft_config, model=model, conversions=conversions)
+
+    convert_peft_config_for_transformers.__gated_qwen__ = True
+    convert_peft_config_for_transformers.__wrapped__ = convert
+    return convert_peft_config_for_transformers
 
 
 __all__ = [
     "MODELING_MODULES",
     "causal_lm_class",
     "on_transformers_import",
+    "PEFT_MODEL_TYPES",
+    "PEFT_TABLES",
     "register_with_peft",
     "register_with_transformers",
 ]

@@ -51,6 +51,18 @@ class GatedAttentionConfigMixin:
         super().__post_init__(**kwargs)
 
     @property
+    def auto_map(self) -> dict:
+        """Always empty: a gated config names no remote code (a released config's ``auto_map`` is dropped on reading
+        and never written). Present because TRL, given a model path, reads ``config.auto_map`` of any architecture
+        outside transformers; an empty one means the Auto classes, where ``qwen3_gated`` is registered."""
+        return {}
+
+    @auto_map.setter
+    def auto_map(self, value) -> None:
+        if value:
+            logger.warning(f"auto_map={value!r} is ignored: a gated-attention config never names remote code")
+
+    @property
     def gate_type(self) -> str:
         """``"none"``, ``"headwise"`` or ``"elementwise"``, from the two released flags."""
         if self.headwise_attn_output_gate:
