@@ -6,7 +6,7 @@ from huggingface_hub.dataclasses import strict
 from transformers import Qwen3MoeConfig
 
 from ...errors import CheckpointError
-from ..qwen3_gated.configuration_qwen3_gated import GatedAttentionConfigMixin, check_sizes
+from ..qwen3_gated.configuration_qwen3_gated import GatedAttentionConfigMixin, Qwen3GatedConfig, check_sizes
 
 
 @strict
@@ -33,14 +33,9 @@ class Qwen3MoeGatedConfig(GatedAttentionConfigMixin, Qwen3MoeConfig):
     # Qwen3-MoE's plan, inherited unchanged: a colwise shard of q_proj holds whole kv groups (queries and their
     # gate rows together) when the shard count divides num_key_value_heads, as in the dense model.
     base_model_tp_plan = Qwen3MoeConfig.base_model_tp_plan
+    # the dense model's sizes, and the experts'
     size_keys = (
-        "vocab_size",
-        "hidden_size",
-        "intermediate_size",
-        "num_hidden_layers",
-        "num_attention_heads",
-        "num_key_value_heads",
-        "head_dim",
+        *Qwen3GatedConfig.size_keys,
         "moe_intermediate_size",
         "num_experts",
         "num_experts_per_tok",
