@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..utils.names import DEVICES, DTYPES
+from ..utils.names import DEVICES, DTYPES, GATE_ACTIVATIONS, GATE_COMBINATIONS, GATE_POSITIONS
 
 
 def number(kind, low, high=None, low_open=False):
@@ -159,3 +159,42 @@ def written(result) -> str:
     """
     count = len(result.files)
     return f"{result.path}: {result.total_size / 1e6:,.1f} MB in {count} file{'s' if count > 1 else ''}"
+
+
+def add_gate_variant_arguments(parser) -> None:
+    """The gate variant beside ``--gate`` (docs/design-space.md): position, sharing, activation, combination.
+
+    Defaults are the released point (a head-specific sigmoid gate multiplying the SDPA output).
+
+    >>> parser = argparse.ArgumentParser()
+    >>> add_gate_variant_arguments(parser)
+    >>> gate_variant_options(parser.parse_args(["--gate-position", "value", "--gate-shared-across-heads"]))
+    {'gate_position': 'value', 'gate_shared_across_heads': True, 'gate_activation': 'sigmoid', 'gate_combination': 'multiplicative'}
+    """
+    parser.add_argument(
+        "--gate-position",
+        choices=GATE_POSITIONS,
+        default="sdpa_output",
+        help="the tensor the gate acts on: sdpa_output (released, G1), value (G2), key (G3), query (G4), "
+        "dense_output (after o_proj, G5)",
+    )
+    parser.add_argument(
+        "--gate-shared-across-heads",
+        action="store_true",
+        help="one set of gate scores shared by all heads (default: each head its own)",
+    )
+    parser.add_argument("--gate-activation", choices=GATE_ACTIVATIONS, default="sigmoid", help="default: sigmoid")
+    parser.add_argument(
+        "--gate-combination",
+        choices=GATE_COMBINATIONS,
+        default="multiplicative",
+        help="multiplicative: Y * act(XW) (default); additive: Y + act(XW)",
+    )
+
+
+GATE_VARIANT_KEYS = ("gate_position", "gate_shared_across_heads", "gate_activation", "gate_combination")
+
+
+def gate_variant_options(args) -> dict:
+    """The config keys that :func:`add_gate_variant_arguments` set, for ``Qwen3GatedConfig(**...)``."""
+    return {key: getattr(args, key) for key in GATE_VARIANT_KEYS}

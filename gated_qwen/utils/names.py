@@ -13,6 +13,12 @@ DEVICES = ("auto", "cpu", "cuda", "mps")  # auto: cuda, then mps, then cpu
 DTYPES = ("auto", "float32", "bfloat16", "float16")  # auto: the dtype the checkpoint records
 ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa", "flex_attention", "flash_attention_2")
 GATE_TYPES = ("none", "headwise", "elementwise")
+# The paper's design space (docs/design-space.md): where the gate applies, how its scores act, how they combine.
+# The first of each is the released point; sdpa_output + head-specific + sigmoid + multiplicative is the only
+# variant kept in the released layout (gate rows in q_proj).
+GATE_POSITIONS = ("sdpa_output", "value", "key", "query", "dense_output")
+GATE_ACTIVATIONS = ("sigmoid", "silu")
+GATE_COMBINATIONS = ("multiplicative", "additive")
 CONVERSION_GATES = ("headwise", "elementwise")  # the gates the converter adds to a stock Qwen3
 CHECKPOINT_CONVERSION_GATES = (*CONVERSION_GATES, "keep")  # keep: re-save a gated checkpoint's own gate
 CONVERSION_INITS = ("identity", "random")
@@ -44,6 +50,9 @@ __all__ = [
     "CONVERSION_INITS",
     "DEVICES",
     "DTYPES",
+    "GATE_ACTIVATIONS",
+    "GATE_COMBINATIONS",
+    "GATE_POSITIONS",
     "GATE_TYPES",
     "model_label",
 ]
