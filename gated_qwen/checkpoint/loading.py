@@ -98,7 +98,13 @@ def strict_from_pretrained(
             tensors.update(read_weight_file_header(file))
         if not isinstance(config, PreTrainedConfig):
             hub_kwargs = {k: v for k, v in kwargs.items() if k in HUB_KWARGS}
-            overrides = {k: v for k, v in kwargs.items() if k in cls.config_class.__dataclass_fields__}
+            # Config keys given to from_pretrained: the dataclass fields, and the released flags (properties).
+            keys = {
+                *cls.config_class.__dataclass_fields__,
+                "headwise_attn_output_gate",
+                "elementwise_attn_output_gate",
+            }
+            overrides = {k: v for k, v in kwargs.items() if k in keys}
             # The layer count from config.json's number first: building the config object costs time in
             # proportion to it (transformers makes and validates a list of per-layer attention types).
             config_dict, _ = cls.config_class.get_config_dict(config or pretrained_model_name_or_path, **hub_kwargs)

@@ -27,7 +27,7 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
 from ..errors import CheckpointError, WeightShapeMismatchError
-from ..models.layout import gate_type_for_rows, q_proj_rows
+from ..models.layout import gate_heads_and_width, gate_type_for_rows, q_proj_rows
 from .formats import TensorInfo
 
 
@@ -76,6 +76,20 @@ def _says(config, *keys: str) -> str:
     return " and ".join(f"{key} {getattr(config, key)}" for key in keys)
 
 
+def q_proj_gate_type(config) -> str:
+    """The gate type whose logits are rows of q_proj: the config's in the released layout, else ``"none"``."""
+    return config.gate_type if getattr(config, "gate_in_q_proj", True) else "none"
+
+
+def _has_own_gate(config) -> bool:  # a gate outside q_proj, with its projection g_proj
+    return config.gate_type != "none" and not getattr(config, "gate_in_q_proj", True)
+
+
+def _gate_says(config) -> str:
+    keys = ("gate_type",) if config.gate_type == "none" else ("gate_type", "gate_position", "gate_shared_across_heads")
+    return " and ".join(f"{key} {getattr(config, key)!r}" for key in keys)
+
+
 def norm_shape(config, local: str) -> Expected | NoPlace | None:
     """A decoder layer's RMSNorms (``input_layernorm``, ``post_attention_layernorm``): ``(hidden_size,)``."""
     if local in ("input_layernorm.weight", "post_attention_layernorm.weight"):
@@ -91,8 +105,8 @@ def attention_shape(config, local: str) -> Expected | NoPlace | None:
     hidden = Dim(config.hidden_size, _says(config, "hidden_size"))
     heads, kv_heads, head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
     q_rows = Dim(
-        q_proj_rows(config.gate_type, heads, head_dim),
-        f"gate type {config.gate_type!r} with num_attention_heads {heads} and head_dim {head_dim}",
+        q_proj_rows(q_proj_gate_type(config), heads, head_dim),
+        f"gate type {q_proj_gate_type(config)!r} with num_attention_heads {heads} and head_dim {head_dim}",
     )
     kv_rows = Dim(kv_heads * head_dim, _says(config, "num_key_value_heads", "head_dim"))
     query_width = Dim(heads * head_dim, _says(config, "num_attention_heads", "head_dim"))
@@ -102,6 +116,11 @@ def attention_shape(config, local: str) -> Expected | NoPlace | None:
         "v_proj": (kv_rows, hidden),
         "o_proj": (hidden, query_width),
     }
+    if module == "g_proj" and kind == "weight":
+        if not _has_own_gate(config):
+            return NoPlace(_gate_says(config))
+        gate_heads, width = gate_heads_and_width(config)
+        return Expected((Dim(gate_heads * width, _gate_says(config)), hidden))
     if module in weights and kind == "weight":
         return Expected(weights[module])
     if module in weights and kind == "bias":
@@ -171,6 +190,8 @@ def dense_layer_tensors(config, layer: int = 0, held: set[str] = frozenset()) ->
         names.update(dict.fromkeys([f"self_attn.{m}_proj.bias" for m in "qkvo"], f"qkv_bias {config.attention_bias}"))
     if config.use_qk_norm:
         names.update(dict.fromkeys(["self_attn.q_norm.weight", "self_attn.k_norm.weight"], "use_qk_norm True"))
+    if _has_own_gate(config):
+        names["self_attn.g_proj.weight"] = _gate_says(config)
     return names
 
 
@@ -339,7 +360,7 @@ def weight_disagreements(
         elif expected is not None and name not in unchecked and tuple(info.shape) != expected.shape:
             if local == "self_attn.q_proj.weight" and len(info.shape) == 2:
                 problems.append((order, _q_proj_sentence(config, name, tuple(info.shape))))
-            elif sizes or local.startswith("self_attn.q_proj."):  # gate rows are never re-initialised
+            elif sizes or local.startswith(("self_attn.q_proj.", "self_attn.g_proj.")):  # gates never re-initialised
                 found = tuple(info.shape)
                 wrong = [dim.says for i, dim in enumerate(expected.dims) if i >= len(found) or found[i] != dim.size]
                 says = " and ".join(dict.fromkeys(wrong)) or f"{len(expected.dims)} dimensions"
@@ -411,7 +432,7 @@ def check_layer_count(
 
 def _q_proj_sentence(config, name: str, found: tuple[int, ...]) -> str:
     head_dim = config.head_dim
-    expected = (q_proj_rows(config.gate_type, config.num_attention_heads, head_dim), config.hidden_size)
+    expected = (q_proj_rows(q_proj_gate_type(config), config.num_attention_heads, head_dim), config.hidden_size)
     implied = gate_type_for_rows(found[0], config.num_attention_heads, head_dim)
     implied_text = f"that is the shape of a {implied!r} gate" if implied else "no gate type has that many rows"
     return (
@@ -467,7 +488,7 @@ def check_q_proj_layout(config, tensors: Mapping[str, TensorInfo], source: str =
             continue
         found = tuple(info.shape)
         if len(found) != 2 or found != (
-            q_proj_rows(config.gate_type, config.num_attention_heads, config.head_dim),
+            q_proj_rows(q_proj_gate_type(config), config.num_attention_heads, config.head_dim),
             config.hidden_size,
         ):
             raise CheckpointError(

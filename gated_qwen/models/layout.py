@@ -40,6 +40,28 @@ def q_proj_rows(gate_type: str, num_attention_heads: int, head_dim: int) -> int:
     return num_attention_heads * (head_dim + gate_dim(gate_type, head_dim))
 
 
+def gate_heads_and_width(config) -> tuple[int, int]:
+    """The scores a gate outside q_proj (``g_proj``) yields per token, as ``(heads, width)``.
+
+    Heads: one set per query head (SDPA output, query), per kv head (value, key), one shared by all heads
+    (``gate_shared_across_heads``) or one for o_proj's output (``dense_output``). Width: 1 (headwise) or
+    ``head_dim`` (elementwise; ``hidden_size`` at ``dense_output``). g_proj has ``heads * width`` output rows.
+
+    >>> from types import SimpleNamespace
+    >>> config = SimpleNamespace(gate_type="elementwise", gate_position="value", gate_shared_across_heads=False,
+    ...                          num_attention_heads=8, num_key_value_heads=2, head_dim=16, hidden_size=128)
+    >>> gate_heads_and_width(config)
+    (2, 16)
+    """
+    if config.gate_position == "dense_output":
+        return 1, config.hidden_size
+    width = gate_dim(config.gate_type, config.head_dim)
+    if config.gate_shared_across_heads:
+        return 1, width
+    per_kv_head = config.gate_position in ("value", "key")
+    return (config.num_key_value_heads if per_kv_head else config.num_attention_heads), width
+
+
 def gate_type_for_rows(rows: int, num_attention_heads: int, head_dim: int) -> str | None:
     """The gate type a q_proj with ``rows`` output rows implies, or None if no gate type fits.
 

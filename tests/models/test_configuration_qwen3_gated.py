@@ -30,9 +30,17 @@ def test_a_stock_qwen3_config_means_no_gate(tmp_path):
     assert config.gate_type == "none" and config.qkv_bias is True and config.use_qk_norm is True
 
 
-def test_gate_type_is_read_only():
-    with pytest.raises(AttributeError):
-        Qwen3GatedConfig().gate_type = "headwise"
+def test_gate_type_is_a_key_and_the_released_flags_follow_it(tmp_path):
+    config = Qwen3GatedConfig()
+    config.gate_type = "headwise"  # set after construction, as from_pretrained(..., gate_type=...) does
+    assert config.headwise_attn_output_gate is True
+    config.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["gate_type"] == "headwise" and saved["headwise_attn_output_gate"] is True
+    # the flags are still the released way to say it, before and after construction
+    config.headwise_attn_output_gate = False
+    config.elementwise_attn_output_gate = True
+    assert config.gate_type == "elementwise"
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,7 @@ from transformers import Qwen3Config
 from transformers.utils import logging
 
 from ...errors import CheckpointError
+from ...utils.names import GATE_ACTIVATIONS, GATE_COMBINATIONS, GATE_POSITIONS, GATE_TYPES
 
 
 logger = logging.get_logger(__name__)
@@ -19,17 +20,28 @@ class GatedAttentionConfigMixin:
     """The gated-attention keys and rules that every gated family's config shares (dense Qwen3, Qwen3-MoE).
 
     A dataclass, so that ``@strict`` on the config that inherits it validates these fields with the rest.
-    It adds the gate flags, ``use_qk_norm``, ``qkv_bias`` and ``head_dim``, derives ``head_dim`` and the
-    attention biases in ``__post_init__``, checks the gate flags and head counts, and writes the keys the
-    released code reads in ``to_dict``. The config that inherits it names its own model type and
-    ``size_keys`` (the sizes :func:`check_sizes` refuses when not positive integers).
+    It adds the gate keys (the released flags and the design-space keys, docs/design-space.md),
+    ``use_qk_norm``, ``qkv_bias`` and ``head_dim``, derives ``head_dim``, the attention biases and ``gate_type``
+    in ``__post_init__``, checks the gate and head counts, and writes the keys the released code reads in
+    ``to_dict``. The config that inherits it names its own model type and ``size_keys`` (the sizes
+    :func:`check_sizes` refuses when not positive integers).
 
     >>> Qwen3GatedConfig(num_attention_heads=4, num_key_value_heads=2, elementwise_attn_output_gate=True).gate_type
     'elementwise'
+    >>> config = Qwen3GatedConfig(num_attention_heads=4, num_key_value_heads=2, gate_type="headwise",
+    ...                           gate_position="value")
+    >>> config.gate_in_q_proj, config.headwise_attn_output_gate
+    (False, False)
     """
 
-    headwise_attn_output_gate: bool = False
-    elementwise_attn_output_gate: bool = False
+    # The released flags (headwise_attn_output_gate, elementwise_attn_output_gate) are properties below, not keys
+    # of their own: gate_type and the keys beside it say everything.
+    # The design space (arXiv 2505.06708, section 3): granularity, position, sharing, activation, combination.
+    gate_type: str | None = None  # "none" | "headwise" | "elementwise"; None: from the released flags
+    gate_position: str = "sdpa_output"  # GATE_POSITIONS
+    gate_shared_across_heads: bool = False
+    gate_activation: str = "sigmoid"  # GATE_ACTIVATIONS
+    gate_combination: str = "multiplicative"  # GATE_COMBINATIONS
     use_qk_norm: bool = True
     qkv_bias: bool | None = None
     head_dim: int | None = None
@@ -46,7 +58,13 @@ class GatedAttentionConfigMixin:
             if "attention_bias" in kwargs or self.attention_bias:
                 logger.info(f"qkv_bias={self.qkv_bias} decides the attention biases; attention_bias is set to match")
             self.attention_bias = self.qkv_bias
-        # Raised here as ValueError; `@strict` would wrap the same check in its own error type.
+        # Raised here as ValueError; `@strict` would wrap the same checks in its own error type.
+        self._resolve_gate_type(
+            {
+                gate_type: kwargs.pop(f"{gate_type}_attn_output_gate", False)
+                for gate_type in ("headwise", "elementwise")
+            }
+        )
         self._check_gate_and_heads()
         super().__post_init__(**kwargs)
 
@@ -63,25 +81,93 @@ class GatedAttentionConfigMixin:
             logger.warning(f"auto_map={value!r} is ignored: a gated-attention config never names remote code")
 
     @property
-    def gate_type(self) -> str:
-        """``"none"``, ``"headwise"`` or ``"elementwise"``, from the two released flags."""
-        if self.headwise_attn_output_gate:
-            return "headwise"
-        if self.elementwise_attn_output_gate:
-            return "elementwise"
-        return "none"
+    def gate_in_q_proj(self) -> bool:
+        """Whether the gate logits are rows of q_proj (the released layout): a head-specific gate at the SDPA
+        output, whatever its activation and combination. Every other gate has a projection of its own, g_proj."""
+        return self.gate_type != "none" and self.gate_position == "sdpa_output" and not self.gate_shared_across_heads
+
+    @property
+    def is_released_gate(self) -> bool:
+        """Whether the gate is the one the paper released (G1: head-specific, sigmoid, multiplying the SDPA output),
+        the only one the released flags, the authors' code, the Qwen3.5 export and the vLLM plugin describe."""
+        return self.gate_in_q_proj and self.gate_activation == "sigmoid" and self.gate_combination == "multiplicative"
+
+    def gate_variant(self) -> str:
+        """The gate in one line, as messages and tables name it.
+
+        >>> Qwen3GatedConfig(gate_type="elementwise", gate_position="key", gate_combination="additive").gate_variant()
+        'elementwise sigmoid additive gate at key, head-specific'
+        """
+        if self.gate_type == "none":
+            return "no gate"
+        sharing = "shared across heads" if self.gate_shared_across_heads else "head-specific"
+        if self.gate_position == "dense_output":
+            sharing = "per channel"
+        return (
+            f"{self.gate_type} {self.gate_activation} {self.gate_combination} gate at {self.gate_position}, {sharing}"
+        )
 
     def validate_architecture(self):
-        """Part of `@strict` validation: the gate flags and head counts must describe one model."""
+        """Part of `@strict` validation: the gate keys and head counts must describe one model."""
         super().validate_architecture()
         self._check_gate_and_heads()
 
-    def _check_gate_and_heads(self):
-        if self.headwise_attn_output_gate and self.elementwise_attn_output_gate:
+    def _resolve_gate_type(self, flags: dict[str, bool]):
+        """``gate_type`` from the released flags (``{"headwise": ..., "elementwise": ...}``) when it is absent."""
+        if all(flags.values()):
             raise ValueError(
                 "headwise_attn_output_gate and elementwise_attn_output_gate are both true; "
                 "at most one gate type can be set"
             )
+        flagged = next((gate_type for gate_type, value in flags.items() if value), None)
+        # A flag set decides, as in the authors' code: a config.json saved here and edited by its flags (or
+        # {**config.to_dict(), "headwise_...": True}) is what the flags say.
+        if flagged and self.gate_type not in (None, "none", flagged):
+            logger.info(f"{flagged}_attn_output_gate=true decides the gate type, not gate_type {self.gate_type!r}")
+        if flagged or self.gate_type is None:
+            self.gate_type = flagged or "none"
+        if flagged:
+            self._check_released_flag(flagged)
+
+    def _check_released_flag(self, gate_type: str):
+        if self.gate_type in GATE_TYPES and not self.is_released_gate:
+            raise ValueError(
+                f"{gate_type}_attn_output_gate names the released gate (sigmoid, multiplying the SDPA output of each "
+                f"head), not a {self._variant_keys()} gate; set gate_type instead"
+            )
+
+    def _set_released_flag(self, gate_type: str, value: bool):
+        # As transformers sets a config key given to from_pretrained: true makes it the gate type, false removes it
+        # where it is the gate type (and leaves any other gate alone).
+        if value:
+            self.gate_type = gate_type
+            self._check_released_flag(gate_type)
+        elif self.gate_type == gate_type and self.is_released_gate:
+            self.gate_type = "none"
+
+    @property
+    def headwise_attn_output_gate(self) -> bool:
+        """The released flag: whether the gate is the released headwise one (one logit per head, in q_proj)."""
+        return self.is_released_gate and self.gate_type == "headwise"
+
+    @headwise_attn_output_gate.setter
+    def headwise_attn_output_gate(self, value: bool):
+        self._set_released_flag("headwise", value)
+
+    @property
+    def elementwise_attn_output_gate(self) -> bool:
+        """The released flag: whether the gate is the released elementwise one (one logit per head and channel)."""
+        return self.is_released_gate and self.gate_type == "elementwise"
+
+    @elementwise_attn_output_gate.setter
+    def elementwise_attn_output_gate(self, value: bool):
+        self._set_released_flag("elementwise", value)
+
+    def _variant_keys(self) -> str:
+        return ", ".join(f"{key}={getattr(self, key)!r}" for key in GATE_VARIANT_DEFAULTS)
+
+    def _check_gate_and_heads(self):
+        check_gate_variant({key: getattr(self, key) for key in ("gate_type", *GATE_VARIANT_DEFAULTS)})
         if self.num_key_value_heads < 1 or self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(
                 f"num_attention_heads ({self.num_attention_heads}) is not a multiple of "
@@ -165,9 +251,25 @@ class Qwen3GatedConfig(GatedAttentionConfigMixin, Qwen3Config):
         return normalize_config_dict(config_dict, source)
 
 
+# The design-space keys and their defaults (the released gate's); gate_type has no default (the flags decide).
+GATE_VARIANT_DEFAULTS = {
+    "gate_position": "sdpa_output",
+    "gate_shared_across_heads": False,
+    "gate_activation": "sigmoid",
+    "gate_combination": "multiplicative",
+}
+
+
 # Keys that only the released gated-attention config (or one saved here) has; a stock Qwen3 or
 # Qwen2 config has none of them.
-GATED_ATTENTION_KEYS = ("headwise_attn_output_gate", "elementwise_attn_output_gate", "use_qk_norm", "qkv_bias")
+GATED_ATTENTION_KEYS = (
+    "headwise_attn_output_gate",
+    "elementwise_attn_output_gate",
+    "use_qk_norm",
+    "qkv_bias",
+    "gate_type",
+    *GATE_VARIANT_DEFAULTS,
+)
 # The authors' Python files, named by a released config's auto_map (never imported here).
 RELEASED_CODE_FILES = ("configuration_qwen3", "modeling_qwen3")
 
@@ -267,6 +369,50 @@ def check_sizes(values: dict, source: str = "the config", size_keys: tuple[str, 
         )
 
 
+def check_gate_variant(values: dict) -> None:
+    """Refuse a gate that names an unknown value or has no meaning, in one line naming the key.
+
+    ``values`` holds ``gate_type`` and the keys of :data:`GATE_VARIANT_DEFAULTS` (absent ones take the default).
+    The output of o_proj (``dense_output``, G5) has no heads: a gate there is elementwise and not shared.
+    A ``gate_type "none"`` model has no gate to place, so it takes only the defaults.
+
+    >>> check_gate_variant({"gate_type": "headwise", "gate_position": "dense_output"})
+    Traceback (most recent call last):
+    ...
+    ValueError: gate_type 'headwise' at gate_position 'dense_output': the output of o_proj has no heads; use gate_type 'elementwise' there
+    """
+    values = {**GATE_VARIANT_DEFAULTS, **{key: value for key, value in values.items() if value is not None}}
+    for key, allowed in (
+        ("gate_type", GATE_TYPES),
+        ("gate_position", GATE_POSITIONS),
+        ("gate_activation", GATE_ACTIVATIONS),
+        ("gate_combination", GATE_COMBINATIONS),
+    ):
+        if key in values and values[key] not in allowed:
+            raise ValueError(f"unknown {key} {values[key]!r}; expected one of {', '.join(allowed)}")
+    if not isinstance(values["gate_shared_across_heads"], bool):
+        raise ValueError(f"gate_shared_across_heads must be true or false, not {values['gate_shared_across_heads']!r}")
+    gate_type = values.get("gate_type", "none")
+    if gate_type == "none":
+        changed = [key for key, default in GATE_VARIANT_DEFAULTS.items() if values[key] != default]
+        if changed:
+            raise ValueError(
+                f"{', '.join(f'{key}={values[key]!r}' for key in changed)} describe a gate, but gate_type is 'none'; "
+                "set gate_type to 'headwise' or 'elementwise' (--gate), or leave these at their defaults"
+            )
+    elif values["gate_position"] == "dense_output":
+        if gate_type == "headwise":
+            raise ValueError(
+                "gate_type 'headwise' at gate_position 'dense_output': the output of o_proj has no heads; "
+                "use gate_type 'elementwise' there"
+            )
+        if values["gate_shared_across_heads"]:
+            raise ValueError(
+                "gate_shared_across_heads at gate_position 'dense_output': the output of o_proj has no heads to "
+                "share a gate across; leave it false there"
+            )
+
+
 def normalize_config_dict(config_dict: dict, source="the config") -> dict:
     """A released, stock Qwen3 or Qwen3Gated config.json's dict, ready for :class:`Qwen3GatedConfig`.
 
@@ -287,6 +433,8 @@ def normalize_config_dict(config_dict: dict, source="the config") -> dict:
 __all__ = [
     "GatedAttentionConfigMixin",
     "Qwen3GatedConfig",
+    "GATE_VARIANT_DEFAULTS",
+    "check_gate_variant",
     "check_model_type",
     "check_sizes",
     "is_gated_attention_config",

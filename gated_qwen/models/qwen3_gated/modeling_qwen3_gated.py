@@ -15,6 +15,7 @@ import torch
 import transformers
 from packaging import version
 from torch import nn
+from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache
 from transformers.integrations import use_kernelized_func
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
@@ -34,7 +35,7 @@ from transformers.utils import logging
 from transformers.utils.deprecation import deprecate_kwarg
 
 from ..auto import register_with_transformers
-from ..layout import gate_dim, q_proj_rows, split_query_and_gate
+from ..layout import gate_dim, gate_heads_and_width, q_proj_rows, split_query_and_gate
 from ..tensor_parallel import GatedQProjTensorParallelMixin
 from .configuration_qwen3_gated import Qwen3GatedConfig
 
@@ -57,7 +58,12 @@ accept_past_key_values = deprecate_kwarg(
 
 @use_kernelized_func(apply_rotary_pos_emb)  # as Qwen3Attention: hub kernels (use_kernels) may swap in a RoPE kernel
 class Qwen3GatedAttention(Qwen3Attention):
-    """Qwen3 attention whose q_proj also yields gate logits; QK-norm optional, as in the release."""
+    """Qwen3 attention with a gate computed from the layer's input; QK-norm optional, as in the release.
+
+    The released gate (sigmoid, multiplying each head's SDPA output) reads its logits off extra rows of
+    q_proj. Every other gate of the design space (docs/design-space.md) has a projection of its own,
+    ``g_proj``, and acts on the value, key or query projection's output or on o_proj's output.
+    """
 
     # Hub kernels: `kernelize` replaces the forward of every module whose class names a kernel layer
     # (`kernel_layer_name`, set by transformers' use_kernel_forward_from_hub and inherited by subclasses). A kernel
@@ -66,21 +72,47 @@ class Qwen3GatedAttention(Qwen3Attention):
     kernel_condition = staticmethod(lambda module: False)
 
     # Hook point for causal ablations (set and reset by gated_qwen.tools.analysis.override_gates): maps the
-    # gate after the sigmoid, (B, T, H, g), to the gate to apply. None leaves the forward untouched.
+    # gate after its activation, (B, T, heads, width) as at its position, to the gate to apply. None leaves it.
     gate_override: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def __init__(self, config: Qwen3GatedConfig, layer_idx: int):
         super().__init__(config, layer_idx)
         self.gate_type = config.gate_type
-        self.gate_dim = gate_dim(config.gate_type, self.head_dim)
+        self.gate_position = config.gate_position if config.gate_type != "none" else None
+        self.gate_combination = config.gate_combination
+        # gate_dim: gate logits per head in q_proj (the released layout), else 0.
+        self.gate_dim = gate_dim(config.gate_type, self.head_dim) if config.gate_in_q_proj else 0
         self.q_proj = nn.Linear(
             config.hidden_size,
-            q_proj_rows(config.gate_type, config.num_attention_heads, self.head_dim),
+            q_proj_rows(
+                config.gate_type if config.gate_in_q_proj else "none", config.num_attention_heads, self.head_dim
+            ),
             bias=config.attention_bias,  # the config keeps it equal to qkv_bias
         )
+        if self.gate_position is not None:
+            self.gate_act_fn = ACT2FN[config.gate_activation]  # an nn.Module: analysis hooks it to record the gate
+        if self.gate_position is not None and not config.gate_in_q_proj:
+            heads, width = gate_heads_and_width(config)
+            self.g_proj = nn.Linear(config.hidden_size, heads * width, bias=False)
         if not config.use_qk_norm:
             self.q_norm = nn.Identity()
             self.k_norm = nn.Identity()
+
+    def apply_gate(self, states: torch.Tensor, gate_logits: torch.Tensor) -> torch.Tensor:
+        """``states`` (B, T, n, D) combined with the gate (B, T, 1 or n, g), per the config's activation and combination."""
+        gate = self.gate_act_fn(gate_logits)
+        if self.gate_override is not None:
+            gate = self.gate_override(gate)
+        # In the model's dtype, as the released code does.
+        return states * gate if self.gate_combination == "multiplicative" else states + gate
+
+    def _own_gate(self, hidden_states: torch.Tensor, position: str, states: torch.Tensor) -> torch.Tensor:
+        """``states`` (B, T, n, D) gated by g_proj's scores when the gate sits at ``position``, else as they are."""
+        if self.gate_position != position or self.gate_dim:
+            return states
+        width = states.shape[-1] if self.gate_type == "elementwise" else 1
+        gate_logits = self.g_proj(hidden_states).view(*states.shape[:2], -1, width)  # (B, T, n or 1, D or 1)
+        return self.apply_gate(states, gate_logits)
 
     @accept_past_key_values
     def forward(
@@ -102,11 +134,13 @@ class Qwen3GatedAttention(Qwen3Attention):
             query_and_gate, key_states.shape[-2], self.head_dim, self.gate_dim
         )  # views: (B, T, K, G, D) and (B, T, K, G, g)
 
-        query_states = (
-            self.q_norm(query_states).reshape(*input_shape, -1, self.head_dim).transpose(1, 2)
-        )  # (B, H, T, D)
-        key_states = self.k_norm(key_states).transpose(1, 2)  # (B, K, T, D)
-        value_states = value_states.transpose(1, 2)
+        # Key and query gates act after QK-norm (a headwise gate before the RMSNorm would be normalised away) and
+        # before RoPE; the value gate before the cache, so cached values are gated by the token that wrote them.
+        query_states = self._own_gate(
+            hidden_states, "query", self.q_norm(query_states).reshape(*input_shape, -1, self.head_dim)
+        ).transpose(1, 2)  # (B, H, T, D)
+        key_states = self._own_gate(hidden_states, "key", self.k_norm(key_states)).transpose(1, 2)  # (B, K, T, D)
+        value_states = self._own_gate(hidden_states, "value", value_states).transpose(1, 2)
 
         cos, sin = position_embeddings
         query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
@@ -129,13 +163,13 @@ class Qwen3GatedAttention(Qwen3Attention):
             **kwargs,
         )  # transformers' interfaces: (B, T, H, D); vLLM's: (tokens, H*D)
 
+        # Per head whatever layout the interface returned.
+        attn_output = attn_output.reshape(*input_shape, -1, self.head_dim)  # (B, T, H, D)
         if self.gate_dim:
-            gate = torch.sigmoid(gate_logits.reshape(*input_shape, -1, self.gate_dim))  # (B, T, H, g)
-            if self.gate_override is not None:
-                gate = self.gate_override(gate)
-            # Per head whatever layout the interface returned; in the model's dtype, as the released code does.
-            attn_output = attn_output.reshape(*input_shape, -1, self.head_dim) * gate
-        attn_output = self.o_proj(attn_output.reshape(*input_shape, -1))
+            attn_output = self.apply_gate(attn_output, gate_logits.reshape(*input_shape, -1, self.gate_dim))
+        attn_output = self._own_gate(hidden_states, "sdpa_output", attn_output)
+        attn_output = self.o_proj(attn_output.reshape(*input_shape, -1))  # (B, T, hidden)
+        attn_output = self._own_gate(hidden_states, "dense_output", attn_output.unsqueeze(-2)).squeeze(-2)
         return attn_output, attn_weights
 
 
