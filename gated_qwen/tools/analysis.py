@@ -30,7 +30,7 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3Attention, Qwen3Decode
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeDecoderLayer
 
 from ..errors import GatedQwenError
-from ..models.layout import split_query_and_gate
+from ..models.layout import gate_heads_and_width
 
 
 FIGURE_DPI = 100
@@ -43,8 +43,16 @@ def attention_layers(model: nn.Module) -> list[Qwen3Attention]:
 
 
 def gated_attention_layers(model: nn.Module) -> list[Qwen3Attention]:
-    """The attention modules that apply a gate (none in a baseline or stock Qwen3 model)."""
-    return [m for m in attention_layers(model) if getattr(m, "gate_dim", 0)]
+    """The attention modules that apply a gate (none in a baseline or stock Qwen3 model), whatever its variant."""
+    return [m for m in attention_layers(model) if getattr(m, "gate_position", None)]
+
+
+def gate_heads(attention: Qwen3Attention) -> int:
+    """How many sets of gate scores a gated attention has: its heads (query heads, or kv heads for a value or key
+    gate), or 1 for a gate shared across heads or on o_proj's output (docs/design-space.md)."""
+    if attention.gate_dim:  # the released layout: one set per query head
+        return attention.config.num_attention_heads
+    return gate_heads_and_width(attention.config)[0]
 
 
 def _require_gates(model: nn.Module, what: str) -> list[Qwen3Attention]:
@@ -81,11 +89,12 @@ class GateRecord:
 
 @contextmanager
 def record_gates(model: nn.Module) -> Iterator[GateRecord]:
-    """Record the gate, after the sigmoid, of every gated layer and token during the forwards inside.
+    """Record the gate, after its activation, of every gated layer and token during the forwards inside.
 
-    The gate logits are read off q_proj's output (split with :func:`gated_qwen.models.layout.split_query_and_gate`),
-    so outputs are unchanged. Values are the model's own gates: under :func:`override_gates` they are
-    what the gate *would* have been. Works during ``generate`` (each step is one more call).
+    The gate is read off the output of each attention's activation module (``gate_act_fn``), for every variant of
+    the design space: ``(N, heads, width)`` per layer, heads as :func:`gate_heads` counts them. Outputs are
+    unchanged. Values are the model's own gates: under :func:`override_gates` they are what the gate *would* have
+    been. Works during ``generate`` (each step is one more call).
 
     >>> with record_gates(model) as record:  # doctest: +SKIP
     ...     model.generate(input_ids, max_new_tokens=8)
@@ -104,23 +113,21 @@ def record_gates(model: nn.Module) -> Iterator[GateRecord]:
             position_ids = torch.arange(hidden.shape[1], device=hidden.device)[None]
         pending_positions[module.layer_idx] = position_ids.expand(hidden.shape[:2])  # (B, T)
 
-    def make_q_proj_hook(attention):
-        def after_q_proj(module, args, output):
-            num_kv_heads = attention.k_proj.out_features // attention.head_dim
-            _, gate_logits = split_query_and_gate(output, num_kv_heads, attention.head_dim, attention.gate_dim)
-            gates = torch.sigmoid(gate_logits.detach().float()).flatten(-3, -2)  # (B, T, H, g)
+    def make_gate_hook(attention):
+        def after_activation(module, args, output):
+            gates = output.detach().float()  # (B, T, heads, width)
             positions = pending_positions.pop(attention.layer_idx, None)
             if positions is None:
                 positions = torch.arange(gates.shape[1], device=gates.device).expand(gates.shape[:2])
             record.values.setdefault(attention.layer_idx, []).append(gates.flatten(0, 1).cpu())  # (B*T, H, g)
             record.positions.setdefault(attention.layer_idx, []).append(positions.flatten().cpu())
 
-        return after_q_proj
+        return after_activation
 
     try:
         for attention in layers:
             handles.append(attention.register_forward_pre_hook(before_attention, with_kwargs=True))
-            handles.append(attention.q_proj.register_forward_hook(make_q_proj_hook(attention)))
+            handles.append(attention.gate_act_fn.register_forward_hook(make_gate_hook(attention)))
         yield record
     finally:
         for handle in handles:
@@ -197,11 +204,12 @@ def override_gates(
 ) -> Iterator[None]:
     """Replace the gate the attention applies, for causal ablation; on exit the model is as before.
 
-    ``value`` sets the gate: a constant, or a callable ``value(gate, layer_idx)`` of the gate after the
-    sigmoid, (B, T, H, g), returning the gate to apply; None keeps the model's own gate. ``scale`` then
+    ``value`` sets the gate: a constant, or a callable ``value(gate, layer_idx)`` of the gate after its
+    activation, (B, T, heads, width), returning the gate to apply; None keeps the model's own gate. ``scale`` then
     multiplies it. Only the ``layers`` given (default all) and, in them, the ``heads`` given (a list,
-    or a bool mask of shape (H,) or (layers, H); default all) are changed; the rest keep their gate.
-    A constant 1 everywhere gives the model without its gate (its query rows alone in a gate "none" model).
+    or a bool mask of shape (heads,) or (layers, heads); default all) are changed; the rest keep their gate.
+    Heads are those of the gate (:func:`gate_heads`). For a multiplicative gate, a constant 1 everywhere gives the
+    model without its gate (its query rows alone in a gate "none" model); for an additive one, a constant 0.
 
     >>> with override_gates(model, 0.0, layers=[3], heads=[0, 5]):  # doctest: +SKIP
     ...     ablated = model(input_ids).logits
@@ -236,9 +244,7 @@ def override_gates(
     previous = {layer: module.gate_override for layer, module in chosen.items()}
     try:
         for layer, module in chosen.items():
-            module.gate_override = make_override(
-                layer, _head_selection(heads, layer, module.config.num_attention_heads)
-            )
+            module.gate_override = make_override(layer, _head_selection(heads, layer, gate_heads(module)))
         yield
     finally:
         for layer, module in chosen.items():

@@ -400,3 +400,62 @@ def test_analyze_a_folder_without_tokenizer_says_the_tokenizer_is_missing(tmp_pa
     err = capsys.readouterr().err
     assert "has no tokenizer files: it needs tokenizer.json" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "out").exists()
+
+
+# ----------------------------------------------------------------------------------------- the gate design space
+
+
+def variant_model(**variant):
+    from gated_qwen import Qwen3GatedConfig
+
+    torch.manual_seed(0)
+    config = Qwen3GatedConfig(
+        vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, **variant,
+    )  # fmt: skip
+    model = Qwen3GatedForCausalLM(config).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.g_proj.weight.normal_(0, 0.5)
+    return model
+
+
+@pytest.mark.parametrize(
+    "variant,heads,width",
+    [
+        ({"gate_type": "headwise", "gate_position": "value"}, 2, 1),  # per kv head
+        ({"gate_type": "elementwise", "gate_position": "query", "gate_activation": "silu"}, 4, 8),
+        ({"gate_type": "elementwise", "gate_shared_across_heads": True}, 1, 8),
+        ({"gate_type": "elementwise", "gate_position": "dense_output"}, 1, 32),
+    ],
+)
+def test_recorded_gates_of_every_variant_are_its_activation_of_g_proj(variant, heads, width):
+    model = variant_model(**variant)
+    inputs = ids()
+    with record_gates(model) as record:
+        with torch.no_grad():
+            model(inputs)
+    x = attention_input(model, 1, inputs)
+    activation = torch.sigmoid if model.config.gate_activation == "sigmoid" else torch.nn.functional.silu
+    expected = activation(model.model.layers[1].self_attn.g_proj(x)).reshape(-1, heads, width)
+    assert record.gates(1).shape == (inputs.numel(), heads, width)
+    torch.testing.assert_close(record.gates(1), expected.detach())
+    summary = summarize_gates(record)
+    assert len(summary["layers"][1]["heads"]) == heads
+    assert summary["layers"][1]["below_0.5"] == pytest.approx((expected < 0.5).float().mean().item())
+
+
+def test_overriding_a_value_gate_changes_the_model_as_zero_values_would():
+    model = variant_model(gate_type="headwise", gate_position="value")
+    inputs = ids()
+    with torch.no_grad(), override_gates(model, 0.0, layers=[0], heads=[1]):
+        ablated = model(inputs).logits
+    # the same as a model whose second kv head's values are zero in layer 0
+    attention = model.model.layers[0].self_attn
+    with torch.no_grad():
+        attention.v_proj.weight[8:16] = 0  # (a multiplicative gate keeps zero values zero)
+        zeroed = model(inputs).logits
+    torch.testing.assert_close(ablated, zeroed)
+    with pytest.raises(GatedQwenError, match="head 2 does not exist"):
+        with override_gates(model, 0.0, heads=[2]):  # the value gate has one set per kv head (2)
+            pass

@@ -1,0 +1,238 @@
+"""The gate design space (docs/design-space.md): every variant builds, computes what its config says, saves and
+reloads exactly, generates with the cache as without, and is refused where it has no meaning."""
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import tiny_moe_config_dict
+from safetensors.torch import load_file, save_file
+from transformers import AutoConfig, AutoModelForCausalLM
+from transformers.models.qwen3.modeling_qwen3 import apply_rotary_pos_emb
+
+from gated_qwen import Qwen3GatedConfig, Qwen3GatedForCausalLM, Qwen3MoeGatedConfig, Qwen3MoeGatedForCausalLM
+from gated_qwen.errors import CheckpointError
+
+
+SIZES = dict(
+    vocab_size=96,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=8,
+)
+
+# The rows of the paper's comparison (docs/design-space.md), each as config keys.
+VARIANTS = {
+    "G1 elementwise": dict(gate_type="elementwise"),
+    "G1 headwise": dict(gate_type="headwise"),
+    "G2 elementwise": dict(gate_type="elementwise", gate_position="value"),
+    "G2 headwise": dict(gate_type="headwise", gate_position="value"),
+    "G3 elementwise": dict(gate_type="elementwise", gate_position="key"),
+    "G4 elementwise": dict(gate_type="elementwise", gate_position="query"),
+    "G4 headwise": dict(gate_type="headwise", gate_position="query"),
+    "G5 elementwise": dict(gate_type="elementwise", gate_position="dense_output"),
+    "G1 shared elementwise": dict(gate_type="elementwise", gate_shared_across_heads=True),
+    "G1 shared headwise": dict(gate_type="headwise", gate_shared_across_heads=True),
+    "G2 shared headwise": dict(gate_type="headwise", gate_position="value", gate_shared_across_heads=True),
+    "G1 additive silu": dict(gate_type="elementwise", gate_activation="silu", gate_combination="additive"),
+    "G1 multiplicative silu": dict(gate_type="elementwise", gate_activation="silu"),
+    "G1 additive sigmoid": dict(gate_type="elementwise", gate_combination="additive"),
+    "G3 headwise additive silu": dict(
+        gate_type="headwise", gate_position="key", gate_activation="silu", gate_combination="additive"
+    ),
+}
+
+
+def build(variant: dict, seed: int = 0, **overrides) -> Qwen3GatedForCausalLM:
+    torch.manual_seed(seed)
+    model = Qwen3GatedForCausalLM(Qwen3GatedConfig(**SIZES, **variant, **overrides)).eval()
+    with torch.no_grad():  # gates far from their initial 0.5, so that a gate in the wrong place shows
+        for attention in (layer.self_attn for layer in model.model.layers):
+            projection = getattr(attention, "g_proj", attention.q_proj)
+            projection.weight.normal_(0, 0.5)
+    return model
+
+
+def input_ids(batch=2, length=9, seed=0):
+    return torch.randint(3, SIZES["vocab_size"], (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def reference_attention(attention, config, hidden, cos, sin):
+    """The gated attention written out from the definition, for a gate with its own projection."""
+    B, T, _ = hidden.shape
+    H, K, D = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+    act = torch.sigmoid if config.gate_activation == "sigmoid" else F.silu
+
+    def combine(states, gate):
+        return states * gate if config.gate_combination == "multiplicative" else states + gate
+
+    gate = act(attention.g_proj(hidden))  # (B, T, scores)
+    position = config.gate_position
+    query = attention.q_norm(attention.q_proj(hidden).view(B, T, H, D))
+    key = attention.k_norm(attention.k_proj(hidden).view(B, T, K, D))
+    value = attention.v_proj(hidden).view(B, T, K, D)
+    if position == "dense_output":
+        gate = gate.view(B, T, config.hidden_size)
+    else:
+        width = D if config.gate_type == "elementwise" else 1
+        gate = gate.view(B, T, -1, width)  # (B, T, heads or 1, width): broadcast over heads when shared
+    if position == "query":
+        query = combine(query, gate)
+    if position == "key":
+        key = combine(key, gate)
+    if position == "value":
+        value = combine(value, gate)
+    query, key = apply_rotary_pos_emb(query.transpose(1, 2), key.transpose(1, 2), cos, sin)  # (B, H|K, T, D)
+    key = key.repeat_interleave(H // K, dim=1)
+    value = value.transpose(1, 2).repeat_interleave(H // K, dim=1)
+    scores = query @ key.transpose(-1, -2) * D**-0.5
+    scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+    output = (scores.softmax(-1) @ value).transpose(1, 2)  # (B, T, H, D)
+    if position == "sdpa_output":
+        output = combine(output, gate)
+    output = attention.o_proj(output.reshape(B, T, H * D))
+    return combine(output, gate) if position == "dense_output" else output
+
+
+OWN_PROJECTION = [name for name, variant in VARIANTS.items() if not Qwen3GatedConfig(**variant).gate_in_q_proj]
+
+
+@pytest.mark.parametrize("name", OWN_PROJECTION)
+def test_each_gate_acts_where_its_config_says(name):
+    model = build(VARIANTS[name], attn_implementation="eager")
+    attention, config = model.model.layers[0].self_attn, model.config
+    hidden = torch.randn(2, 7, SIZES["hidden_size"], generator=torch.Generator().manual_seed(1))
+    position_ids = torch.arange(7)[None].expand(2, -1)
+    cos, sin = model.model.rotary_emb(hidden, position_ids)
+    mask = torch.zeros(7, 7).masked_fill(torch.ones(7, 7, dtype=torch.bool).triu(1), float("-inf"))[None, None]
+    with torch.no_grad():
+        found, _ = attention(hidden, (cos, sin), mask.expand(2, 1, 7, 7))
+        expected = reference_attention(attention, config, hidden, cos, sin)
+    torch.testing.assert_close(found, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_every_variant_saves_reloads_and_generates_exactly(name, tmp_path):
+    model = build(VARIANTS[name])
+    ids = input_ids()
+    with torch.no_grad():
+        logits = model(ids).logits
+    model.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    for key, value in VARIANTS[name].items():
+        assert saved[key] == value
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert type(reloaded) is Qwen3GatedForCausalLM
+    reloaded_weights = reloaded.state_dict()
+    assert all(torch.equal(reloaded_weights[key], value) for key, value in model.state_dict().items())
+    with torch.no_grad():  # bit-equal weights; memory-mapped ones may take another SIMD path (last-bit differences)
+        torch.testing.assert_close(reloaded(ids).logits, logits, atol=1e-6, rtol=0)
+    # the cache holds what the full forward computes (a value gate before the cache, key and query before RoPE)
+    generated = reloaded.generate(ids[:1, :4], max_new_tokens=5, do_sample=False)
+    with torch.no_grad():
+        assert torch.equal(reloaded(generated).logits[0, 3:-1].argmax(-1), generated[0, 4:])
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_every_variant_trains_its_gate(name):
+    model = build(VARIANTS[name]).train()
+    ids = input_ids()
+    model(ids, labels=ids).loss.backward()
+    for attention in (layer.self_attn for layer in model.model.layers):
+        gradient = getattr(attention, "g_proj", attention.q_proj).weight.grad
+        assert gradient is not None and gradient.abs().sum() > 0
+
+
+def test_parameters_added_are_those_of_the_gate():
+    baseline = sum(p.numel() for p in Qwen3GatedForCausalLM(Qwen3GatedConfig(**SIZES)).parameters())
+    added = {
+        name: sum(p.numel() for p in build(variant).parameters()) - baseline for name, variant in VARIANTS.items()
+    }
+    hidden, layers, H, K, D = 32, 2, 4, 2, 8
+    assert added["G1 elementwise"] == added["G4 elementwise"] == layers * hidden * H * D
+    assert added["G1 headwise"] == layers * hidden * H
+    assert added["G2 elementwise"] == added["G3 elementwise"] == layers * hidden * K * D
+    assert added["G5 elementwise"] == layers * hidden * hidden
+    assert added["G1 shared elementwise"] == layers * hidden * D and added["G1 shared headwise"] == layers * hidden
+
+
+def test_a_shared_gate_gives_every_head_the_same_scores():
+    model = build(VARIANTS["G1 shared headwise"])
+    seen = []
+    attention = model.model.layers[0].self_attn
+    attention.gate_override = lambda gate: seen.append(gate) or gate
+    try:
+        with torch.no_grad():
+            model(input_ids())
+    finally:
+        attention.gate_override = None
+    assert seen[0].shape == (2, 9, 1, 1)  # (B, T, one set for all heads, headwise)
+
+
+@pytest.mark.parametrize(
+    "keys,named",
+    [
+        ({"gate_type": "headwise", "gate_position": "dense_output"}, "no heads"),
+        ({"gate_type": "elementwise", "gate_position": "dense_output", "gate_shared_across_heads": True}, "no heads"),
+        ({"gate_type": "elementwise", "gate_position": "output"}, "unknown gate_position 'output'"),
+        ({"gate_type": "elementwise", "gate_activation": "tanh"}, "unknown gate_activation 'tanh'"),
+        ({"gate_type": "elementwise", "gate_combination": "gated"}, "unknown gate_combination 'gated'"),
+        ({"gate_type": "per-channel"}, "unknown gate_type 'per-channel'"),
+        ({"gate_position": "value"}, "gate_type is 'none'"),
+        ({"headwise_attn_output_gate": True, "gate_position": "key"}, "names the released gate"),
+    ],
+)
+def test_a_gate_without_meaning_is_refused_in_one_line(keys, named):
+    with pytest.raises(ValueError, match=named) as error:
+        Qwen3GatedConfig(**SIZES, **keys)
+    assert "\n" not in str(error.value)
+
+
+def test_the_released_flags_are_written_only_for_the_released_gate():
+    for name, variant in VARIANTS.items():
+        saved = Qwen3GatedConfig(**SIZES, **variant).to_dict()
+        released = name in ("G1 elementwise", "G1 headwise")
+        assert saved[f"{variant['gate_type']}_attn_output_gate"] is released, name
+
+
+def test_loading_refuses_a_gate_its_config_does_not_describe(tmp_path):
+    build(VARIANTS["G2 elementwise"]).save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    # the same weights said to be the released gate: g_proj has no place, q_proj lacks the gate rows
+    (tmp_path / "config.json").write_text(json.dumps({**config, "gate_position": "sdpa_output"}))
+    with pytest.raises(CheckpointError, match=r"q_proj\.weight has shape \(32, 32\).*expects \(64, 32\).*2 more"):
+        Qwen3GatedForCausalLM.from_pretrained(tmp_path)
+    # said to be a headwise value gate: g_proj's rows are those of an elementwise one
+    (tmp_path / "config.json").write_text(json.dumps({**config, "gate_type": "headwise"}))
+    with pytest.raises(CheckpointError, match=r"g_proj\.weight is \(16, 32\), not \(2, 32\)"):
+        Qwen3GatedForCausalLM.from_pretrained(tmp_path)
+    # the gate's weights missing altogether
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    tensors = load_file(tmp_path / "model.safetensors")
+    save_file({k: v for k, v in tensors.items() if "g_proj" not in k}, tmp_path / "model.safetensors")
+    with pytest.raises(CheckpointError, match="lacks weights the model needs: .*g_proj"):
+        Qwen3GatedForCausalLM.from_pretrained(tmp_path)
+
+
+def test_auto_config_builds_every_key():
+    config = AutoConfig.for_model("qwen3_gated", **SIZES, **VARIANTS["G3 headwise additive silu"])
+    assert (config.gate_position, config.gate_activation, config.gate_combination) == ("key", "silu", "additive")
+
+
+@pytest.mark.parametrize("name", ["G2 headwise", "G5 elementwise", "G1 additive silu"])
+def test_the_moe_takes_every_variant(name, tmp_path):
+    config = Qwen3MoeGatedConfig(**{**tiny_moe_config_dict(), **VARIANTS[name]})
+    torch.manual_seed(0)
+    model = Qwen3MoeGatedForCausalLM(config).eval()
+    assert hasattr(model.model.layers[0].self_attn, "g_proj") is not config.gate_in_q_proj
+    ids = input_ids()
+    with torch.no_grad():
+        logits = model(ids).logits
+    model.save_pretrained(tmp_path)
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(ids).logits, logits, atol=1e-6, rtol=0)
