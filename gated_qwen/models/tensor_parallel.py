@@ -166,6 +166,13 @@ def adapt_distributed_config(model, distributed_config):
     override = distributed_config.tp_plan
     if override == {}:  # an explicit "no TP rules"
         return distributed_config
+    config = model.config
+    if config.gate_type != "none" and not config.gate_in_q_proj:
+        raise ValueError(
+            f"tensor parallelism shards the released gate layout only (gate rows in q_proj); this model has a "
+            f"{config.gate_variant()} with a projection of its own (g_proj), which has no sharding plan: load it "
+            "without tp_plan/distributed_config"
+        )
     plan = dict(model.tp_plan) | (override if isinstance(override, dict) else {})
     changes = check_and_adapt_tp_plan(plan, model.config.num_key_value_heads, distributed_config.tp_size)
     if not changes or not register_gated_unit_styles():  # (before 5.25 transformers refuses the unit styles itself)

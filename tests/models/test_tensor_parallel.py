@@ -195,6 +195,21 @@ def test_colwise_over_more_ranks_than_kv_groups_is_refused_when_applied(tmp_path
         assert "would cut a kv group's query and gate rows apart (1 kv heads over 2 ranks)" in message, message
 
 
+@needs_two_cpus
+def test_a_gate_with_its_own_projection_is_refused_under_tensor_parallelism(tmp_path):
+    """A value gate (g_proj) has no sharding plan: refused when the plan is applied, on every rank."""
+    from gated_qwen import Qwen3GatedConfig
+
+    folder, results = tmp_path / "model", tmp_path / "results"
+    results.mkdir()
+    config = tiny_config("elementwise", 4, 2).to_dict() | {"gate_position": "value", "gate_type": "elementwise"}
+    Qwen3GatedForCausalLM(Qwen3GatedConfig.from_dict(config)).save_pretrained(folder)
+    run_on_two_ranks(_load_expecting_refusal, str(folder), None, str(results))
+    for rank in range(2):
+        message = (results / f"rank{rank}.txt").read_text()
+        assert "shards the released gate layout only" in message and "g_proj" in message, message
+
+
 # ------------------------------------------------------------------------------------------------ the plan check
 
 

@@ -126,22 +126,14 @@ class GatedAttentionConfigMixin:
             logger.info(f"{flagged}_attn_output_gate=true decides the gate type, not gate_type {self.gate_type!r}")
         if flagged or self.gate_type is None:
             self.gate_type = flagged or "none"
-        if flagged:
-            self._check_released_flag(flagged)
-
-    def _check_released_flag(self, gate_type: str):
-        if self.gate_type in GATE_TYPES and not self.is_released_gate:
-            raise ValueError(
-                f"{gate_type}_attn_output_gate names the released gate (sigmoid, multiplying the SDPA output of each "
-                f"head), not a {self._variant_keys()} gate; set gate_type instead"
-            )
+        # The flags give the granularity; the keys beside gate_type give the rest, so that {**config.to_dict(),
+        # "gate_position": "value"} is a value gate. They are written true only for the released gate (to_dict).
 
     def _set_released_flag(self, gate_type: str, value: bool):
         # As transformers sets a config key given to from_pretrained: true makes it the gate type, false removes it
         # where it is the gate type (and leaves any other gate alone).
         if value:
             self.gate_type = gate_type
-            self._check_released_flag(gate_type)
         elif self.gate_type == gate_type and self.is_released_gate:
             self.gate_type = "none"
 
@@ -162,9 +154,6 @@ class GatedAttentionConfigMixin:
     @elementwise_attn_output_gate.setter
     def elementwise_attn_output_gate(self, value: bool):
         self._set_released_flag("elementwise", value)
-
-    def _variant_keys(self) -> str:
-        return ", ".join(f"{key}={getattr(self, key)!r}" for key in GATE_VARIANT_DEFAULTS)
 
     def _check_gate_and_heads(self):
         check_gate_variant({key: getattr(self, key) for key in ("gate_type", *GATE_VARIANT_DEFAULTS)})
