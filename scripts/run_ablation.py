@@ -1,0 +1,256 @@
+"""The paper's comparison of gates (arXiv 2505.06708, section 3) in miniature: every row, matched in all but the gate.
+
+Each arm is a ``gated-qwen train`` run from scratch on the standard-library docstring corpus
+(``scripts/prepare_corpus.py``), with the architecture of ``configs/ablation_tiny.json``, the same tokenizer,
+data order, learning-rate schedule and token budget; the arms differ only in the gate flags
+(``--gate``, ``--gate-position``, ``--gate-shared-across-heads``, ``--gate-activation``, ``--gate-combination``).
+Every arm trains once per seed, and once more at a high learning rate (seed 0) for its loss spikes. Then each
+model is measured on the held-out split:
+
+- held-out loss: mean next-token loss over non-overlapping windows of the training length;
+- parameters the gate adds; first-token attention (mean over layers and heads, queries after the first);
+  largest activation (the largest |hidden state| of any layer's output); mean gate and share of gate scores
+  below 0.5 (:mod:`gated_qwen.tools.analysis`);
+- loss spikes at the high learning rate (``train``'s summary: a logged loss above 1.5x the median of the
+  previous 50);
+- perplexity at 2x and 4x the training length, beyond ``max_position_embeddings``, without and with YaRN
+  (factor 2 and 4; :mod:`gated_qwen.tools.extrapolation`).
+
+Writes ``results/ablation/results.{json,md}`` (every run's numbers, the table, the machine, the versions and
+this command) and keeps the runs under ``--runs`` (a finished run is reused when the script is run again).
+
+    python scripts/prepare_corpus.py && python scripts/run_ablation.py        # about an hour on 2 CPU threads
+    python scripts/run_ablation.py --arms baseline "G1 elementwise" --seeds 0 --max-tokens 200000 \\
+        --runs /tmp/ablation --results /tmp/ablation-results                     # a quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from _results import ROOT, describe, new_report, write_results  # noqa: E402
+
+
+# The rows of the paper's comparison, as train flags. G1..G5: the SDPA output, the value, key and query
+# projections' outputs, o_proj's output (docs/design-space.md).
+ARMS = {
+    "baseline": ["--gate", "none"],
+    "G1 elementwise": ["--gate", "elementwise"],
+    "G1 headwise": ["--gate", "headwise"],
+    "G2 elementwise": ["--gate", "elementwise", "--gate-position", "value"],
+    "G2 headwise": ["--gate", "headwise", "--gate-position", "value"],
+    "G3 elementwise": ["--gate", "elementwise", "--gate-position", "key"],
+    "G4 elementwise": ["--gate", "elementwise", "--gate-position", "query"],
+    "G5 elementwise": ["--gate", "elementwise", "--gate-position", "dense_output"],
+    "G1 elementwise, head-shared": ["--gate", "elementwise", "--gate-shared-across-heads"],
+    "G1 headwise, head-shared": ["--gate", "headwise", "--gate-shared-across-heads"],
+    "G1 elementwise, additive SiLU": [
+        "--gate",
+        "elementwise",
+        "--gate-activation",
+        "silu",
+        "--gate-combination",
+        "additive",
+    ],
+    "G1 elementwise, multiplicative SiLU": ["--gate", "elementwise", "--gate-activation", "silu"],
+    "G1 elementwise, additive sigmoid": ["--gate", "elementwise", "--gate-combination", "additive"],
+}
+CORPUS = ROOT / "data" / "stdlib_docstrings"
+CONFIG = ROOT / "configs" / "ablation_tiny.json"
+SEQ_LEN = 128  # the training length; configs/ablation_tiny.json's max_position_embeddings
+BATCH_SIZE = 32
+EXTRAPOLATION = (2, 4)  # perplexity at these multiples of the training length
+SINK_ROWS = 16  # held-out windows for first-token attention, activations and gates
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS), metavar="ARM")
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
+    parser.add_argument("--max-tokens", type=int, default=2_000_000, help="training tokens per run")
+    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--high-lr", type=float, default=3e-2, help="the learning rate of the loss-spike runs")
+    parser.add_argument("--high-lr-tokens", type=int, default=1_000_000)
+    parser.add_argument("--runs", type=Path, default=ROOT / "runs" / "ablation")
+    parser.add_argument("--results", type=Path, default=ROOT / "results" / "ablation")
+    parser.add_argument("--threads", type=int, default=2)
+    return parser.parse_args()
+
+
+def run_folder(runs: Path, arm: str, name: str) -> Path:
+    return runs / arm.replace(",", "").replace(" ", "_") / name
+
+
+def train(args, arm: str, name: str, seed: int, lr: float, max_tokens: int, tokenizer: Path | None) -> dict:
+    """One ``gated-qwen train`` run (reused when finished); its summary."""
+    out = run_folder(args.runs, arm, name)
+    if (out / "summary.json").exists() and (out / "final").is_dir():
+        return json.loads((out / "summary.json").read_text())
+    command = [
+        sys.executable, "-m", "gated_qwen", "train",
+        "--train-file", str(CORPUS / "train.jsonl"), "--heldout-file", str(CORPUS / "heldout.jsonl"),
+        "--config", str(CONFIG), *ARMS[arm],
+        "--seq-len", str(SEQ_LEN), "--batch-size", str(BATCH_SIZE), "--max-tokens", str(max_tokens),
+        "--lr", str(lr), "--warmup-steps", "50", "--eval-every", "1000000", "--save-every", "1000000",
+        "--seed", str(seed), "--threads", str(args.threads), "--no-progress", "--overwrite", "--out", str(out),
+    ]  # fmt: skip
+    command += ["--tokenizer", str(tokenizer)] if tokenizer else ["--vocab-size", "1024"]
+    print(f"[ablation] {arm} {name}: training", file=sys.stderr, flush=True)
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+    return json.loads((out / "summary.json").read_text())
+
+
+def heldout_stream(tokenizer) -> "torch.Tensor":  # noqa: F821
+    import torch
+
+    ids = []
+    for line in (CORPUS / "heldout.jsonl").read_text().splitlines():
+        ids += tokenizer(json.loads(line)["text"])["input_ids"] + [tokenizer.eos_token_id]
+    return torch.tensor(ids)
+
+
+def measure(folder: Path, stream) -> dict:
+    """The columns of one trained model (its ``final/``)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from gated_qwen.tools.analysis import (
+        attention_sink,
+        gated_attention_layers,
+        massive_activations,
+        record_gates,
+        summarize_gates,
+    )
+    from gated_qwen.tools.extrapolation import perplexity_by_context_length, with_rope_scaling
+
+    model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    lengths = [SEQ_LEN, *(SEQ_LEN * k for k in EXTRAPOLATION)]
+    plain = perplexity_by_context_length(model, stream, lengths)
+    row = {
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "heldout_loss": math.log(plain[SEQ_LEN].perplexity),
+        **{f"ppl_{k}x": plain[SEQ_LEN * k].perplexity for k in EXTRAPOLATION},
+    }
+    for k in EXTRAPOLATION:
+        config = with_rope_scaling(model.config, "yarn", float(k))
+        scaled = AutoModelForCausalLM.from_pretrained(folder, config=config).eval()
+        row[f"ppl_{k}x_yarn"] = perplexity_by_context_length(scaled, stream, [SEQ_LEN * k])[SEQ_LEN * k].perplexity
+    windows = stream[: SINK_ROWS * SEQ_LEN].view(SINK_ROWS, SEQ_LEN)
+    with torch.no_grad():
+        row["first_token_attention"] = attention_sink(model, windows, skip_first=1).mean().item()
+        row["largest_activation"] = max(layer["max_abs"] for layer in massive_activations(model, windows))
+        if gated_attention_layers(model):
+            with record_gates(model) as record:
+                model(windows)
+            overall = summarize_gates(record)["overall"]
+            row["mean_gate"], row["gate_below_0.5"] = overall["mean"], overall["below_0.5"]
+    return row
+
+
+def mean_and_spread(values: list[float]) -> tuple[float, float]:
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def table(rows: dict[str, dict], seeds: list[int]) -> str:
+    baseline = rows.get("baseline")
+    lines = [
+        f"| arm | held-out loss (mean ± sd, {len(seeds)} seeds) | vs baseline | parameters added | first-token "
+        "attention | largest activation | mean gate | gate < 0.5 | loss spikes at high lr | "
+        + " | ".join(f"ppl {k}x | ppl {k}x YaRN" for k in EXTRAPOLATION)
+        + " |",
+        "|---" * (9 + 2 * len(EXTRAPOLATION)) + "|",
+    ]
+
+    def mean(arm, key):
+        values = [seed_row[key] for seed_row in rows[arm]["seeds"].values() if key in seed_row]
+        return statistics.fmean(values) if values else None
+
+    def shown(value, digits=3):
+        return "–" if value is None else f"{value:.{digits}f}"
+
+    for arm, row in rows.items():
+        loss, spread = mean_and_spread([seed_row["heldout_loss"] for seed_row in row["seeds"].values()])
+        difference = "–" if baseline is None or arm == "baseline" else f"{loss - baseline['heldout_loss']:+.3f}"
+        added = (
+            "–"
+            if baseline is None
+            else f"{int(mean(arm, 'parameters') - mean('baseline', 'parameters')):,}"
+        )
+        row["heldout_loss"] = loss
+        cells = [
+            arm,
+            f"{loss:.3f} ± {spread:.3f}",
+            difference,
+            added,
+            shown(mean(arm, "first_token_attention")),
+            shown(mean(arm, "largest_activation"), 1),
+            shown(mean(arm, "mean_gate")),
+            shown(mean(arm, "gate_below_0.5")),
+            str(row.get("high_lr", {}).get("loss_spikes", "–")),
+        ]
+        for k in EXTRAPOLATION:
+            cells += [shown(mean(arm, f"ppl_{k}x"), 1), shown(mean(arm, f"ppl_{k}x_yarn"), 1)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main():
+    args = parse_args()
+    if not (CORPUS / "train.jsonl").exists():
+        sys.exit("no corpus: run `python scripts/prepare_corpus.py` first (it writes data/stdlib_docstrings/)")
+    from transformers import AutoTokenizer
+
+    import gated_qwen  # noqa: F401  (the Auto classes)
+
+    arms = ["baseline", *[arm for arm in args.arms if arm != "baseline"]]  # the baseline first: its tokenizer
+    tokenizer_folder = None
+    rows: dict[str, dict] = {}
+    for arm in arms:
+        rows[arm] = {"flags": ARMS[arm], "seeds": {}}
+        for seed in args.seeds:
+            summary = train(args, arm, f"seed{seed}", seed, args.lr, args.max_tokens, tokenizer_folder)
+            folder = run_folder(args.runs, arm, f"seed{seed}")
+            tokenizer_folder = tokenizer_folder or folder / "tokenizer"
+            stream = heldout_stream(AutoTokenizer.from_pretrained(tokenizer_folder))
+            print(f"[ablation] {arm} seed {seed}: measuring", file=sys.stderr, flush=True)
+            rows[arm]["seeds"][seed] = {**measure(folder / "final", stream), "elapsed_s": summary.get("elapsed_s")}
+        high = train(args, arm, "high_lr", 0, args.high_lr, args.high_lr_tokens, tokenizer_folder)
+        rows[arm]["high_lr"] = {
+            "lr": args.high_lr,
+            "loss_spikes": high.get("loss_spikes"),
+            "loss_spike_steps": high.get("loss_spike_steps"),
+            "final_train_loss": high.get("final_train_loss"),
+        }
+    markdown = table(rows, args.seeds)
+    report = new_report(
+        "ablation",
+        config=json.loads(CONFIG.read_text()),
+        seq_len=SEQ_LEN,
+        batch_size=BATCH_SIZE,
+        max_tokens=args.max_tokens,
+        lr=args.lr,
+        high_lr=args.high_lr,
+        high_lr_tokens=args.high_lr_tokens,
+        seeds=args.seeds,
+        arms=rows,
+    )
+    scale = (
+        f"Scale: {rows['baseline']['seeds'][args.seeds[0]]['parameters']:,} parameters (baseline), "
+        f"{args.max_tokens:,} training tokens per run, rows of {SEQ_LEN} tokens, {len(args.seeds)} seeds; "
+        f"loss spikes from one run per arm at learning rate {args.high_lr} ({args.high_lr_tokens:,} tokens)."
+    )
+    write_results(args.results, report, markdown + "\n\n" + scale + "\n\n" + describe(report) + "\n")
+    print(markdown)
+
+
+if __name__ == "__main__":
+    main()
