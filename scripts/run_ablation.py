@@ -109,7 +109,7 @@ def train(args, arm: str, name: str, seed: int, lr: float, max_tokens: int, toke
     return json.loads((out / "summary.json").read_text())
 
 
-def heldout_stream(tokenizer) -> "torch.Tensor":  # noqa: F821
+def heldout_stream(tokenizer) -> torch.Tensor:  # noqa: F821
     import torch
 
     ids = []
@@ -180,11 +180,7 @@ def table(rows: dict[str, dict], seeds: list[int]) -> str:
     for arm, row in rows.items():
         loss, spread = mean_and_spread([seed_row["heldout_loss"] for seed_row in row["seeds"].values()])
         difference = "–" if baseline is None or arm == "baseline" else f"{loss - baseline['heldout_loss']:+.3f}"
-        added = (
-            "–"
-            if baseline is None
-            else f"{int(mean(arm, 'parameters') - mean('baseline', 'parameters')):,}"
-        )
+        added = "–" if baseline is None else f"{int(mean(arm, 'parameters') - mean('baseline', 'parameters')):,}"
         row["heldout_loss"] = loss
         cells = [
             arm,

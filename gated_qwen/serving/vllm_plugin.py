@@ -92,7 +92,8 @@ def check_served_checkpoint(vllm_config) -> None:
     From the config vLLM read and the checkpoint's weight headers (local safetensors or ``.bin``; on the hub,
     safetensors headers by range reads, while a ``.bin``'s shapes would need the download and are left to
     the load): :class:`~gated_qwen.errors.CheckpointError` where the config does not describe the weights
-    or its values make no model, ValueError where the tensor-parallel size does not divide the kv heads.
+    or its values make no model or its gate is not the released one (docs/design-space.md: the other variants are
+    refused before any worker starts), ValueError where the tensor-parallel size does not divide the kv heads.
     """
     from ..checkpoint import (
         check_weights_match_config,
@@ -112,6 +113,12 @@ def check_served_checkpoint(vllm_config) -> None:
         return  # not a model of this plugin's
     # refuses sizes that make no model, naming the key
     config = (Qwen3MoeGatedConfig if moe else Qwen3GatedConfig).from_dict(config_dict)
+    if gated and config.gate_type != "none" and not config.is_released_gate:
+        raise CheckpointError(
+            f"{model_config.model}: vLLM serves the released gate (sigmoid, multiplying the SDPA output of each head) "
+            f"through gated-qwen's plugin, not this {config.gate_variant()}; generate with transformers "
+            "(`gated-qwen generate`) instead"
+        )
     if gated:  # vLLM's own Qwen3 replicates kv heads as it does for any model
         check_tensor_parallel_size(config.num_key_value_heads, vllm_config.parallel_config.tensor_parallel_size)
     if str(getattr(vllm_config.load_config, "load_format", "")) == "dummy":

@@ -186,6 +186,11 @@ REFUSED = {
         "q_proj.weight has shape (256, 128) but the config (gate type 'headwise', 4 heads of dim 32) expects (132, 128); "
         "that is the shape of a 'elementwise' gate",
     ),
+    "value-gate-variant": (
+        lambda folder: with_config(folder, "elementwise", gate_type="elementwise", gate_position="value"),
+        "vLLM serves the released gate (sigmoid, multiplying the SDPA output of each head) through gated-qwen's "
+        "plugin, not this elementwise sigmoid multiplicative gate at value, head-specific",
+    ),
     "headwise-arm-config-names-no-gate": (
         lambda folder: with_config(folder, "headwise", headwise_attn_output_gate=False),
         "q_proj.weight has shape (132, 128) but the config (gate type 'none', 4 heads of dim 32) expects (128, 128); "
@@ -200,3 +205,28 @@ def test_a_config_that_does_not_describe_the_weights_is_refused_to_the_caller(vl
     result = vllm_run["results"][vllm_run["refused"][name], tensor_parallel_size]
     assert "tokens" not in result, result
     assert REFUSED[name][1] in result["error"]
+
+
+def test_a_gate_other_than_the_released_one_is_refused_in_the_front_end(tmp_path):
+    """Without vLLM: the check vLLM's front end runs (before any worker) refuses a design-space variant, in one line."""
+    from types import SimpleNamespace
+
+    from gated_qwen import Qwen3GatedConfig
+    from gated_qwen.errors import CheckpointError
+    from gated_qwen.serving.vllm_plugin import GATED_ARCHITECTURE, check_served_checkpoint
+
+    def front_end(config):
+        model_config = SimpleNamespace(hf_config=config, architecture=GATED_ARCHITECTURE, model=str(tmp_path))
+        parallel_config = SimpleNamespace(tensor_parallel_size=1)
+        load_config = SimpleNamespace(load_format="dummy")
+        return SimpleNamespace(model_config=model_config, parallel_config=parallel_config, load_config=load_config)
+
+    sizes = {"num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 32, "head_dim": 8}
+    check_served_checkpoint(front_end(Qwen3GatedConfig(**sizes, gate_type="headwise")))  # the released gate
+    with pytest.raises(CheckpointError, match="not this headwise silu additive gate at sdpa_output") as error:
+        check_served_checkpoint(
+            front_end(
+                Qwen3GatedConfig(**sizes, gate_type="headwise", gate_activation="silu", gate_combination="additive")
+            )
+        )
+    assert "\n" not in str(error.value)
