@@ -75,7 +75,7 @@ def git_commit() -> str | None:
 
 
 # An absolute path outside the repository (a temporary folder, a home): the measuring machine's, not the reader's.
-_OUTSIDE = re.compile(r"(?<![\w.~$-])/(?:tmp|var|home|root|work|Users|private|mnt|scratch)(?:/[^\s\"'`,;:)]*)?")
+_OUTSIDE = re.compile(r"(?<![\w.~$-])/(?:tmp|var|home|root|work|Users|private|mnt|scratch)(?:/[^\s\\\"'`,;:)]*)?")
 
 
 def portable(text: str) -> str:
