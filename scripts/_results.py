@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime
 import os
 import platform
+import re
 import shlex
 import subprocess
 import sys
@@ -73,14 +74,31 @@ def git_commit() -> str | None:
     return result.stdout.strip() or None
 
 
+# An absolute path outside the repository (a temporary folder, a home): the measuring machine's, not the reader's.
+_OUTSIDE = re.compile(r"(?<![\w.~$-])/(?:tmp|var|home|root|work|Users|private|mnt|scratch)(?:/[^\s\\\"'`,;:)]*)?")
+
+
+def portable(text: str) -> str:
+    """``text`` without the measuring machine's own paths, for a record: a path in the repository becomes relative
+    to it, and any other absolute path under a temporary or home folder becomes ``$SCRATCH/`` plus what follows its
+    first two components (``/tmp/tmp.X1b/floor.xml`` -> ``$SCRATCH/floor.xml``, ``/tmp/work`` -> ``$SCRATCH``)."""
+    text = text.replace(str(ROOT) + "/", "").replace(str(ROOT), ".")
+
+    def label(match: re.Match) -> str:
+        rest = Path(match.group(0)).parts[3:]
+        return "/".join(("$SCRATCH", *rest))
+
+    return _OUTSIDE.sub(label, text)
+
+
 def command_line() -> str:
-    """The command that ran this script, as typed from the repository root."""
+    """The command that ran this script, as typed from the repository root, without the machine's own paths."""
     script = Path(sys.argv[0]).resolve()
     try:
         script = script.relative_to(ROOT)
     except ValueError:
         pass
-    return shlex.join(["python", str(script), *sys.argv[1:]])
+    return portable(shlex.join(["python", str(script), *sys.argv[1:]]))
 
 
 def describe(report: dict) -> str:

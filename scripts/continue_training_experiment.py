@@ -48,6 +48,10 @@ from pathlib import Path
 
 import torch
 
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _results import portable  # noqa: E402
+
 from gated_qwen.checkpoint.outputs import write_text
 
 
@@ -124,7 +128,7 @@ def run_arm(arm: str, args) -> dict:
     if args.report_only or ((folder / "final").is_dir() and (folder / "summary.json").is_file()):
         print(f"[{arm}] measuring the run in {folder}", flush=True)
         wall = float(wall_file.read_text()) if wall_file.is_file() else None
-        return {"command": shlex.join(command), "wall_s": wall}
+        return {"command": portable(shlex.join(command)), "wall_s": wall}
     if folder.exists():
         command += ["--overwrite"]  # an interrupted run of this arm: start it again
     print(f"[{arm}] {shlex.join(command)}", flush=True)
@@ -140,7 +144,7 @@ def run_arm(arm: str, args) -> dict:
     wall = time.perf_counter() - start
     write_text(wall_file, f"{wall:.1f}\n")
     print(f"[{arm}] done in {wall / 60:.1f} min", flush=True)
-    return {"command": shlex.join(command), "wall_s": round(wall, 1)}
+    return {"command": portable(shlex.join(command)), "wall_s": round(wall, 1)}
 
 
 def spike_measures(log: list[dict], reference: list[dict] | None, steps: int = SPIKE_STEPS) -> dict:

@@ -28,7 +28,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _results import ROOT, describe, new_report, write_results
+from _results import ROOT, describe, new_report, portable, write_results
 
 
 DATA_PASS = """
@@ -99,7 +99,7 @@ def measured(command: list[str], env: dict, cgroup: Path | None = None, may_fail
         "peak_mib": round(result["peak_mib"], 1),
         "anon_mib": round(result["anon_mib"], 1),
         "seconds": round(result["seconds"], 1),
-        "out": result["out"].strip(),
+        "out": portable(result["out"].strip()),
     }
 
 

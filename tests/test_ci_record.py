@@ -50,3 +50,19 @@ def test_each_run_is_recorded_with_its_versions_and_a_fresh_record_drops_the_old
     assert floor["versions"]["transformers"]  # the versions installed when the run was recorded
     table = (out / "versions.md").read_text()
     assert f"| floor | {floor['versions']['transformers']} |" in table and "| 2 | 1 | 2 | 1 / 1 | 1 / 0 |" in table
+
+
+def test_records_in_results_carry_no_paths_of_the_machine_that_measured():
+    import re
+
+    import _results  # record_ci_versions put scripts/ on sys.path
+
+    assert _results.portable("x --junit /tmp/tmp.O76cFEYdPm/floor.xml --out /root/out/gpu") == (
+        "x --junit $SCRATCH/floor.xml --out $SCRATCH/gpu"
+    )
+    assert _results.portable(f"--out {_results.ROOT}/runs/a") == "--out runs/a"
+    results = Path(__file__).resolve().parents[1] / "results"
+    machine_path = re.compile(r"(?<![\w.~$-])/(?:tmp|home|root|work|Users)/")
+    for record in sorted(results.rglob("*")):
+        if record.suffix in (".json", ".md"):
+            assert not machine_path.search(record.read_text()), record

@@ -1,4 +1,4 @@
-"""scripts/trainer_with_gate_groups.py, the documented own-Trainer recipe, on a tiny stock Qwen3: on one process
+"""examples/trainer_with_gate_groups.py, the documented own-Trainer recipe, on a tiny stock Qwen3: on one process
 and on two (torchrun, gloo), the gate rows train at their own rate and the saved model is a plain Qwen3Gated."""
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def test_the_own_trainer_example_trains_the_gate_rows(tmp_path, processes):
         ]
     )
     command = [
-        str(ROOT / "scripts" / "trainer_with_gate_groups.py"),
+        str(ROOT / "examples" / "trainer_with_gate_groups.py"),
         "--model",
         str(stock),
         "--train-file",

@@ -12,8 +12,8 @@ pieces, for those who train with their own Trainer (or TRL's SFTTrainer, which t
 
 One process or several, the same script::
 
-    python scripts/trainer_with_gate_groups.py --model Qwen/Qwen3-0.6B --train-file my.jsonl --out runs/mine
-    torchrun --nproc_per_node 8 scripts/trainer_with_gate_groups.py --model Qwen/Qwen3-0.6B --train-file my.jsonl \\
+    python examples/trainer_with_gate_groups.py --model Qwen/Qwen3-0.6B --train-file my.jsonl --out runs/mine
+    torchrun --nproc_per_node 8 examples/trainer_with_gate_groups.py --model Qwen/Qwen3-0.6B --train-file my.jsonl \\
         --out runs/mine --bf16
 
 (tests/tools/test_trainer_example.py runs it on a tiny stock Qwen3, on one process and on two.)
