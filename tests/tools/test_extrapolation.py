@@ -74,6 +74,32 @@ def test_yarn_changes_the_logits_at_long_positions():
     assert not torch.allclose(before[0, 200:], after[0, 200:], atol=1e-4)
 
 
+def moe_models():
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    from gated_qwen import Qwen3MoeGatedConfig, Qwen3MoeGatedForCausalLM
+    from tests.conftest import tiny_moe_config_dict
+
+    keys = {k: v for k, v in tiny_moe_config_dict().items() if k not in ("model_type", "architectures")}
+    torch.manual_seed(0)
+    yield Qwen3MoeForCausalLM(Qwen3MoeConfig(**keys)).eval()
+    torch.manual_seed(0)
+    yield Qwen3MoeGatedForCausalLM(Qwen3MoeGatedConfig(**keys, headwise_attn_output_gate=True)).eval()
+
+
+@pytest.mark.parametrize("index", [0, 1], ids=["stock_moe", "gated_moe"])
+def test_moe_models_are_measured_and_scaled_too(index):
+    model = list(moe_models())[index]
+    ids = stream(300, vocab=320)
+    results = perplexity_by_context_length(model, ids, [64, 256])
+    assert [(r.windows, r.beyond_max_position_embeddings) for r in results] == [(4, False), (1, True)]
+    with torch.no_grad():
+        before = model(input_ids=ids[None, :256]).logits
+        apply_rope_scaling(model, "yarn", 4)
+        after = model(input_ids=ids[None, :256]).logits
+    assert not torch.allclose(before[0, 200:], after[0, 200:], atol=1e-4)
+
+
 def test_with_rope_scaling_copies_the_config_and_refuses_bad_scalings():
     config = tiny_config()
     scaled = with_rope_scaling(config, "yarn", 2)
