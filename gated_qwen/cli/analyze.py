@@ -65,9 +65,66 @@ def add_parser(subparsers) -> None:
         "--batch-size", type=number(int, 1), default=4, help="perplexity windows per forward (default 4)"
     )
     add_device_and_dtype(parser, dtype_default="float32", dtype_help="dtype to run in (default float32)")
+    parser.add_argument(
+        "--context-lengths",
+        type=_context_lengths,
+        default=None,
+        metavar="L,L,...",
+        help="length extrapolation (needs --text): perplexity over non-overlapping windows of each length, "
+        "also beyond the model's max_position_embeddings, e.g. 256,512,1024,2048",
+    )
+    parser.add_argument(
+        "--rope-scaling",
+        type=_rope_scaling,
+        default=None,
+        metavar="TYPE:FACTOR",
+        help="scale RoPE for this run (the checkpoint is not changed): yarn:FACTOR, linear:FACTOR or "
+        "dynamic:FACTOR, FACTOR above 1, the original context being max_position_embeddings",
+    )
     parser.add_argument("--no-plots", action="store_true", help="write the JSON only (no matplotlib needed)")
     parser.add_argument("--verbose", action="store_true", help="show transformers' log messages and progress bars")
     parser.set_defaults(run=run)
+
+
+def _context_lengths(text: str) -> list[int]:
+    """``--context-lengths``: comma-separated integers of at least 2.
+
+    >>> _context_lengths("256,512")
+    [256, 512]
+    """
+    import argparse
+
+    lengths = []
+    for part in text.split(","):
+        try:
+            value = int(part)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{part!r} is not an integer (give lengths like 256,512,1024)") from None
+        if value < 2:
+            raise argparse.ArgumentTypeError(f"{value} is not a context length: each must be at least 2")
+        lengths.append(value)
+    return lengths
+
+
+def _rope_scaling(text: str) -> tuple[str, float]:
+    """``--rope-scaling TYPE:FACTOR``.
+
+    >>> _rope_scaling("yarn:4")
+    ('yarn', 4.0)
+    """
+    import argparse
+
+    supported = ("yarn", "linear", "dynamic")  # gated_qwen.tools.extrapolation.ROPE_TYPES (not imported: torch)
+    kind, _, factor = text.partition(":")
+    if kind not in supported:
+        raise argparse.ArgumentTypeError(f"unknown RoPE scaling {kind!r}: supported are {', '.join(supported)}")
+    try:
+        value = float(factor)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not TYPE:FACTOR, e.g. yarn:4") from None
+    if not value > 1 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"the RoPE scaling factor must be above 1, not {factor}")
+    return kind, value
 
 
 def analyze_model(model, tokenizer, text: str, args) -> tuple[dict, dict]:
@@ -125,6 +182,15 @@ def analyze_model(model, tokenizer, text: str, args) -> tuple[dict, dict]:
             "stride": args.stride or max(1, args.context // 2),
         },
     }
+    if getattr(args, "context_lengths", None):
+        from ..tools.extrapolation import perplexity_by_context_length
+
+        by_length = perplexity_by_context_length(model, ids, args.context_lengths, batch_size=args.batch_size)
+        numbers["context_lengths"] = {
+            "max_position_embeddings": model.config.max_position_embeddings,
+            "rope_parameters": dict(model.config.rope_parameters or {}),
+            "lengths": [result.to_json() for result in by_length],
+        }
     tokens = [tokenizer.decode([t]) for t in probe[0].tolist()]
     return numbers, {"maps": attention.maps, "tokens": tokens}
 
@@ -186,6 +252,44 @@ def _print_table(numbers: dict) -> None:
         print("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)))
 
 
+def _print_length_table(numbers: dict) -> None:
+    """One row per model and context length: windows, tokens scored, perplexity; * past max_position_embeddings."""
+    header = ("model", "length", "windows", "tokens", "ppl", "")
+    rows, notes = [], []
+    for label, n in numbers.items():
+        lengths = n.get("context_lengths")
+        if not lengths:
+            continue
+        for result in lengths["lengths"]:
+            measured = result["perplexity"] is not None
+            rows.append(
+                (
+                    label,
+                    result["length"],
+                    result["windows"],
+                    result["tokens"],
+                    f"{result['perplexity']:.2f}" if measured else "not measurable",
+                    "*" if result["beyond_max_position_embeddings"] else "",
+                )
+            )
+            if not measured:
+                notes.append(
+                    f"{label}: length {result['length']} is not measurable: the text has fewer tokens than that"
+                )
+    if not rows:
+        return
+    print()
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    for row in [header, *rows]:
+        print("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip())
+    limits = sorted(
+        {n["context_lengths"]["max_position_embeddings"] for n in numbers.values() if n.get("context_lengths")}
+    )
+    print(f"* longer than max_position_embeddings ({', '.join(map(str, limits))})")
+    for note in notes:
+        print(note)
+
+
 def run(args) -> int:
     from ..checkpoint.outputs import OutputFolder
     from ..errors import GatedQwenError
@@ -195,6 +299,8 @@ def run(args) -> int:
     from ..utils.verbosity import quiet_transformers
     from ._arguments import subfolders_per_model
 
+    if args.context_lengths and args.text is None:
+        raise GatedQwenError("--context-lengths needs --text FILE: the lengths are measured on a file's tokens")
     models = [args.model, *args.compare]
     subfolders = subfolders_per_model(args.subfolder, models)
     if args.text is not None:
@@ -225,6 +331,12 @@ def run(args) -> int:
             model, tokenizer = load_model_and_tokenizer(
                 model_name, subfolder=subfolder, revision=args.revision, device=args.device, dtype=args.dtype
             )
+        if args.rope_scaling is not None:
+            from ..tools.extrapolation import apply_rope_scaling
+
+            # on the loaded model: its config and rotary embedding (the only reader of rope_parameters, whose inv_freq
+            # is never in the checkpoint) are rebuilt, which equals from_pretrained(config=scaled); the disk is untouched
+            apply_rope_scaling(model, *args.rope_scaling)
         numbers[label], tensors[label] = analyze_model(model, tokenizer, text, args)
         numbers[label]["source"] = {"model": model_name, "subfolder": subfolder, "revision": args.revision}
         del model
@@ -238,5 +350,6 @@ def run(args) -> int:
         (staging / "analysis.json").write_text(json.dumps(report, indent=2))
     out = Path(args.out)
     _print_table(numbers)
+    _print_length_table(numbers)
     print(f"wrote {out / 'analysis.json'}" + (f" and {', '.join(figures)}" if figures else ""), file=sys.stderr)
     return 0
