@@ -85,21 +85,50 @@ def _register_expert_storage(model_type: str) -> None:
         )
 
 
+# Each family: the model types that name it, its stock and gated class prefixes, and its modeling module.
+FAMILIES = (
+    (("qwen3_moe", "qwen3_moe_gated"), "Qwen3Moe", "Qwen3MoeGated", MODELING_MODULES[1]),
+    ((), "Qwen3", "Qwen3Gated", MODELING_MODULES[0]),  # every other model type (it refuses any but Qwen3's)
+)
+HEADS = ("ForCausalLM", "ForSequenceClassification", "Model")
+
+
+def gated_model_class(config_dict: dict, architecture: str | None = None) -> type | None:
+    """The gated class that reads a checkpoint with this config.json dict: the one place that decides.
+
+    The family comes from ``model_type`` (Qwen3-MoE for ``qwen3_moe`` or ``qwen3_moe_gated``, else Qwen3: stock
+    Qwen3, the released arms, ``qwen3_gated``), the head from ``architecture``, a stock or gated class name of
+    that family (``Qwen3ForSequenceClassification``, ``Qwen3MoeGatedModel``, ...); ``None`` means the causal LM.
+    Returns ``None`` for an architecture that is not one of the family's.
+
+    >>> gated_model_class({"model_type": "qwen3"}, "Qwen3ForSequenceClassification").__name__
+    'Qwen3GatedForSequenceClassification'
+    >>> gated_model_class({"model_type": "qwen3"}, "Qwen3MoeForCausalLM") is None
+    True
+    """
+    model_type = config_dict.get("model_type")
+    model_types, stock, gated, module_name = next(
+        family for family in FAMILIES if model_type in family[0] or not family[0]
+    )
+    if architecture is None:
+        head = "ForCausalLM"
+    else:
+        head = next((head for head in HEADS if architecture in (stock + head, gated + head)), None)
+        if head is None:
+            return None
+    return getattr(importlib.import_module(module_name), gated + head)
+
+
 def causal_lm_class(config_dict: dict) -> type:
     """The gated causal-LM class that reads a checkpoint with this config.json dict: ``Qwen3MoeGatedForCausalLM``
     for the Qwen3-MoE family (``model_type`` ``qwen3_moe`` or ``qwen3_moe_gated``), else ``Qwen3GatedForCausalLM``
     (stock Qwen3, the released arms, ``qwen3_gated``; it refuses any other model type, naming it).
+    :func:`gated_model_class` decides.
 
     >>> causal_lm_class({"model_type": "qwen3_moe"}).__name__
     'Qwen3MoeGatedForCausalLM'
     """
-    if config_dict.get("model_type") in ("qwen3_moe", "qwen3_moe_gated"):
-        from .qwen3_moe_gated.modeling_qwen3_moe_gated import Qwen3MoeGatedForCausalLM
-
-        return Qwen3MoeGatedForCausalLM
-    from .qwen3_gated.modeling_qwen3_gated import Qwen3GatedForCausalLM
-
-    return Qwen3GatedForCausalLM
+    return gated_model_class(config_dict)
 
 
 def on_transformers_import(_module: ModuleType) -> None:
@@ -223,7 +252,10 @@ def _keeping_default_targets(convert):
 
 __all__ = [
     "MODELING_MODULES",
+    "FAMILIES",
+    "HEADS",
     "causal_lm_class",
+    "gated_model_class",
     "on_transformers_import",
     "PEFT_MODEL_TYPES",
     "PEFT_TABLES",
