@@ -23,7 +23,13 @@ The package by layers (imports run downwards only):
 from functools import partial
 from importlib import import_module
 
-from .models.auto import PEFT_TABLES, on_transformers_import, register_with_peft
+from .models.auto import (
+    PEFT_TABLES,
+    on_modeling_import,
+    on_transformers_import,
+    register_with_peft,
+    register_with_transformers,
+)
 from .utils.import_hooks import when_imported
 
 
@@ -46,32 +52,35 @@ _LAZY = {
     "export_checkpoint": "transforms.export",
 }
 
-# Strict loading (gated_qwen.checkpoint.loading) on each model family's base class, installed as its modeling
-# module is imported: one entry per family. Before the transformers hook below, which may import the module.
+# Strict loading (gated_qwen.checkpoint.loading) on each model family's base class: one entry per family.
 STRICT_LOADING = {
     "gated_qwen.models.qwen3_gated.modeling_qwen3_gated": "Qwen3GatedPreTrainedModel",
     "gated_qwen.models.qwen3_moe_gated.modeling_qwen3_moe_gated": "Qwen3MoeGatedPreTrainedModel",
 }
 
 
-def _install_strict_loading(class_name: str, module) -> None:
+def _on_modeling_import(class_name: str, module) -> None:
+    """As a modeling module finishes importing: strict loading on its base class, then the one registration."""
     from .checkpoint.loading import install_strict_loading  # imports torch: only once a model module has
 
     install_strict_loading(getattr(module, class_name))
+    on_modeling_import(module)
 
 
+# The registration's triggers, all post-import hooks: each modeling module as it completes, and transformers
+# (which imports the modeling modules); PEFT's defaults and its fused-expert conversion, each module as it loads.
 for _module_name, _class_name in STRICT_LOADING.items():
-    when_imported(_module_name, partial(_install_strict_loading, _class_name))
-
+    when_imported(_module_name, partial(_on_modeling_import, _class_name))
 when_imported("transformers", on_transformers_import)
-for _peft_module in PEFT_TABLES:  # PEFT's defaults and its fused-expert conversion, each module as it loads
+for _peft_module in PEFT_TABLES:
     when_imported(_peft_module, register_with_peft)
 
 
 def __getattr__(name: str):
     if name in _LAZY:
-        # Registers every family with the Auto classes.
-        import_module(".models.qwen3_gated.modeling_qwen3_gated", __name__)
+        # Imports every modeling module, so registers every family, before a public name is returned (a config
+        # module alone imports transformers while it is itself only partly imported, which registers nothing).
+        register_with_transformers()
         value = getattr(import_module(f".{_LAZY[name]}", __name__), name)
         globals()[name] = value
         return value

@@ -9,6 +9,10 @@ hook, the pattern of ``wrapt.when_imported``). Either order works::
     from transformers import AutoModelForCausalLM   # qwen3_gated is registered here
     model = AutoModelForCausalLM.from_pretrained("path/saved/by/gated_qwen")
 
+One function registers, :func:`register_with_transformers`; :mod:`gated_qwen` calls it from post-import hooks
+(:func:`on_modeling_import`, once each modeling module has finished importing, whoever imports it; and through
+:func:`on_transformers_import`, which imports them). The modeling modules do not import this module.
+
 PEFT picks default target modules by ``model_type``; Qwen3Gated (and Qwen3MoeGated) gets stock Qwen3's for every
 PEFT method (LoRA: ``q_proj`` and ``v_proj``). PEFT also decides by ``model_type`` how to reach an MoE's fused
 expert tensors and router; Qwen3MoeGated gets stock Qwen3-MoE's entry (:data:`PEFT_TABLES`). The gate has no
@@ -23,7 +27,7 @@ import sys
 from types import ModuleType
 
 
-# Each family's modeling module, which registers the family as its last statement.
+# Each family's modeling module; the family is registered once it has finished importing (on_modeling_import).
 MODELING_MODULES = (
     "gated_qwen.models.qwen3_gated.modeling_qwen3_gated",
     "gated_qwen.models.qwen3_moe_gated.modeling_qwen3_moe_gated",
@@ -33,8 +37,9 @@ MODELING_MODULES = (
 def register_with_transformers() -> None:
     """Register every family's config and model classes with transformers' Auto classes (idempotent).
 
-    Each modeling module calls it as its last statement, so importing a model registers it: the families
-    whose modeling modules have finished importing, the dense ``qwen3_gated`` and the MoE ``qwen3_moe_gated``.
+    Imports every family's modeling module and registers the families whose modules have finished importing
+    (one being imported now registers when it completes, through :func:`on_modeling_import`): the dense
+    ``qwen3_gated`` and the MoE ``qwen3_moe_gated``.
 
     >>> from transformers import AutoConfig
     >>> register_with_transformers(); AutoConfig.for_model("qwen3_gated").gate_type
@@ -85,30 +90,59 @@ def _register_expert_storage(model_type: str) -> None:
         )
 
 
+# Each family: the model types that name it, its stock and gated class prefixes, and its modeling module.
+FAMILIES = (
+    (("qwen3_moe", "qwen3_moe_gated"), "Qwen3Moe", "Qwen3MoeGated", MODELING_MODULES[1]),
+    ((), "Qwen3", "Qwen3Gated", MODELING_MODULES[0]),  # every other model type (it refuses any but Qwen3's)
+)
+HEADS = ("ForCausalLM", "ForSequenceClassification", "Model")
+
+
+def gated_model_class(config_dict: dict, architecture: str | None = None) -> type | None:
+    """The gated class that reads a checkpoint with this config.json dict: the one place that decides.
+
+    The family comes from ``model_type`` (Qwen3-MoE for ``qwen3_moe`` or ``qwen3_moe_gated``, else Qwen3: stock
+    Qwen3, the released arms, ``qwen3_gated``), the head from ``architecture``, a stock or gated class name of
+    that family (``Qwen3ForSequenceClassification``, ``Qwen3MoeGatedModel``, ...); ``None`` means the causal LM.
+    Returns ``None`` for an architecture that is not one of the family's.
+
+    >>> gated_model_class({"model_type": "qwen3"}, "Qwen3ForSequenceClassification").__name__
+    'Qwen3GatedForSequenceClassification'
+    >>> gated_model_class({"model_type": "qwen3"}, "Qwen3MoeForCausalLM") is None
+    True
+    """
+    model_type = config_dict.get("model_type")
+    model_types, stock, gated, module_name = next(
+        family for family in FAMILIES if model_type in family[0] or not family[0]
+    )
+    if architecture is None:
+        head = "ForCausalLM"
+    else:
+        head = next((head for head in HEADS if architecture in (stock + head, gated + head)), None)
+        if head is None:
+            return None
+    return getattr(importlib.import_module(module_name), gated + head)
+
+
 def causal_lm_class(config_dict: dict) -> type:
     """The gated causal-LM class that reads a checkpoint with this config.json dict: ``Qwen3MoeGatedForCausalLM``
     for the Qwen3-MoE family (``model_type`` ``qwen3_moe`` or ``qwen3_moe_gated``), else ``Qwen3GatedForCausalLM``
     (stock Qwen3, the released arms, ``qwen3_gated``; it refuses any other model type, naming it).
+    :func:`gated_model_class` decides.
 
     >>> causal_lm_class({"model_type": "qwen3_moe"}).__name__
     'Qwen3MoeGatedForCausalLM'
     """
-    if config_dict.get("model_type") in ("qwen3_moe", "qwen3_moe_gated"):
-        from .qwen3_moe_gated.modeling_qwen3_moe_gated import Qwen3MoeGatedForCausalLM
-
-        return Qwen3MoeGatedForCausalLM
-    from .qwen3_gated.modeling_qwen3_gated import Qwen3GatedForCausalLM
-
-    return Qwen3GatedForCausalLM
+    return gated_model_class(config_dict)
 
 
 def on_transformers_import(_module: ModuleType) -> None:
-    """Register once transformers is imported: by importing each family's modeling module, whose last
-    statement registers.
+    """Register once transformers is imported, by importing each family's modeling module (whose import ends in
+    :func:`on_modeling_import`).
 
     When transformers is being imported by one of gated_qwen's own configuration or model modules, those are
-    only partly executed; each registers when it completes (:mod:`gated_qwen` imports the modeling
-    modules before any of its public names is returned).
+    only partly executed; a modeling module registers when it completes (:func:`on_modeling_import`), and
+    :mod:`gated_qwen` registers before any of its public names is returned.
     """
     if any(
         name.startswith("gated_qwen.models.qwen3")
@@ -118,6 +152,12 @@ def on_transformers_import(_module: ModuleType) -> None:
         return
     for name in MODELING_MODULES:
         importlib.import_module(name)
+
+
+def on_modeling_import(_module: ModuleType) -> None:
+    """Register the families once one of :data:`MODELING_MODULES` has finished importing (its post-import hook):
+    importing a model makes it known to AutoConfig / AutoModel*."""
+    register_with_transformers()
 
 
 # PEFT's per-model-type tables that gated_qwen registers in, by the PEFT module holding them (each module is hooked
@@ -223,7 +263,11 @@ def _keeping_default_targets(convert):
 
 __all__ = [
     "MODELING_MODULES",
+    "FAMILIES",
+    "HEADS",
     "causal_lm_class",
+    "gated_model_class",
+    "on_modeling_import",
     "on_transformers_import",
     "PEFT_MODEL_TYPES",
     "PEFT_TABLES",

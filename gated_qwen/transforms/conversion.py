@@ -42,6 +42,7 @@ from transformers.utils import logging
 
 from ..checkpoint import check_weights_match_config
 from ..errors import CheckpointError, GatedQwenError
+from ..models.auto import gated_model_class
 from ..models.layout import gate_dim, merge_query_and_gate, split_query_and_gate
 from ..models.qwen3_gated.configuration_qwen3_gated import Qwen3GatedConfig
 from ..models.qwen3_gated.modeling_qwen3_gated import (
@@ -55,11 +56,10 @@ from ..models.qwen3_moe_gated.modeling_qwen3_moe_gated import (
     Qwen3MoeGatedForCausalLM,
     Qwen3MoeGatedForSequenceClassification,
     Qwen3MoeGatedModel,
-    Qwen3MoeGatedPreTrainedModel,
 )
 from ..utils.names import CHECKPOINT_CONVERSION_GATES, CONVERSION_GATES, CONVERSION_INITS
 from .experts import is_fused_experts, saved_shapes, split_fused_experts
-from .pipeline import TensorMapping, source_config_from_dict, transform_checkpoint
+from .pipeline import CheckpointTransform, TensorMapping, source_config_from_dict
 
 
 logger = logging.get_logger(__name__)
@@ -78,9 +78,6 @@ GATED_CLASSES = {
     Qwen3MoeForCausalLM: Qwen3MoeGatedForCausalLM,
     Qwen3MoeForSequenceClassification: Qwen3MoeGatedForSequenceClassification,
     Qwen3MoeModel: Qwen3MoeGatedModel,
-}
-GATED_CLASS_FOR_ARCHITECTURE = {stock.__name__: gated for stock, gated in GATED_CLASSES.items()} | {
-    gated.__name__: gated for gated in GATED_CLASSES.values()
 }
 
 
@@ -190,6 +187,22 @@ def convert_qwen3_to_gated(
     """
     _check_choice(gate, GATES, "gate")
     _check_choice(init, INITS, "init")
+    gated, tensors = _gated_skeleton(model, gate)
+    for name, tensor in tensors.items():
+        with torch.no_grad():
+            converted = convert_tensor(name, tensor, gated.config, init)
+        # An unchanged tensor is handed over as the same object, which keeps ties (lm_head and
+        # embed_tokens) and requires_grad; a new one becomes a Parameter like the one it replaces.
+        if converted is not tensor and isinstance(tensor, nn.Parameter):
+            converted = nn.Parameter(converted, requires_grad=tensor.requires_grad)
+        module_name, _, attribute = name.rpartition(".")
+        setattr(gated.get_submodule(module_name), attribute, converted)
+    return _finish_like(gated, model)
+
+
+def _gated_skeleton(model: nn.Module, gate: str) -> tuple[Qwen3GatedPreTrainedModel, dict[str, torch.Tensor]]:
+    """The gated counterpart of ``model`` on the meta device (nothing allocated), and ``model``'s tensors by name,
+    checked to be the skeleton's: refuses a model of another class, one with offloaded weights or adapters."""
     gated_class = next((gated for stock, gated in GATED_CLASSES.items() if isinstance(model, stock)), None)
     if gated_class is None:
         raise GatedQwenError(
@@ -208,7 +221,7 @@ def convert_qwen3_to_gated(
             "cpu/disk offload, or convert its checkpoint on disk with `gated-qwen convert`"
         )
 
-    # Build the gated skeleton without allocating anything, then hand it the source's tensors.
+    # Build the gated skeleton without allocating anything; the caller hands it the source's tensors.
     with torch.device("meta"):
         gated = gated_class(config)
     expected = dict(gated.named_parameters(remove_duplicate=False)) | dict(gated.named_buffers(remove_duplicate=False))
@@ -221,16 +234,11 @@ def convert_qwen3_to_gated(
             )
             + " (merge or remove adapters first)"
         )
-    for name, tensor in tensors.items():
-        with torch.no_grad():
-            converted = convert_tensor(name, tensor, config, init)
-        # An unchanged tensor is handed over as the same object, which keeps ties (lm_head and
-        # embed_tokens) and requires_grad; a new one becomes a Parameter like the one it replaces.
-        if converted is not tensor and isinstance(tensor, nn.Parameter):
-            converted = nn.Parameter(converted, requires_grad=tensor.requires_grad)
-        module_name, _, attribute = name.rpartition(".")
-        setattr(gated.get_submodule(module_name), attribute, converted)
+    return gated, tensors
 
+
+def _finish_like(gated: Qwen3GatedPreTrainedModel, model: nn.Module) -> Qwen3GatedPreTrainedModel:
+    """``gated`` in ``model``'s training mode, with its generation config and, spread over devices, its device map."""
     gated.train(model.training)
     if getattr(model, "generation_config", None) is not None and hasattr(gated, "generation_config"):
         gated.generation_config = copy.deepcopy(model.generation_config)
@@ -298,58 +306,10 @@ def convert_checkpoint(
     ['model.safetensors']
     >>> convert_checkpoint("QwQZh/gated_attention", "headwise-arm", gate="keep", subfolder="1B_gate_headwise")  # doctest: +SKIP
     """
-    _check_choice(gate, CHECKPOINT_GATES, "gate")
-    _check_choice(init, INITS, "init")
-    configs = {}
-
-    def check_config(config_dict: dict, source: str, target_dtype) -> None:  # before any weight is fetched
-        source_config = source_config_from_dict(config_dict, source)
-        config = source_config if gate == "keep" else gated_config_from_dict(config_dict, gate, source)
-        moe = isinstance(config, Qwen3MoeGatedConfig)
-        architecture = (config_dict.get("architectures") or ["Qwen3MoeForCausalLM" if moe else "Qwen3ForCausalLM"])[0]
-        gated_class = GATED_CLASS_FOR_ARCHITECTURE.get(architecture)
-        if gated_class is None or issubclass(gated_class, Qwen3MoeGatedPreTrainedModel) != moe:
-            raise CheckpointError(
-                f"{source} is a {architecture}; only Qwen3ForCausalLM, Qwen3ForSequenceClassification and Qwen3Model "
-                "checkpoints, and their Qwen3-MoE counterparts (Qwen3MoeForCausalLM, ...), can be converted"
-            )
-        config.architectures = [gated_class.__name__]
-        if target_dtype is not None:
-            config.dtype = target_dtype
-        configs.update(source=source_config, target=config, gated_class=gated_class)
-
-    def build(header, target_dtype) -> TensorMapping:
-        check_weights_match_config(configs["source"], header.tensors, header.source)
-        config, gated_class = configs["target"], configs["gated_class"]
-        with torch.device("meta"):
-            skeleton = gated_class(config)
-        # A tied lm_head is not saved by transformers, and is ignored on loading if a checkpoint has it.
-        tied = set(skeleton.all_tied_weights_keys)
-
-        def map_tensor(name: str, tensor: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
-            if is_fused_experts(name):  # an MoE saved fused: written as save_pretrained writes experts
-                return split_fused_experts(name, tensor)
-            return [(name, tensor if gate == "keep" else convert_tensor(name, tensor, config, init))]
-
-        return TensorMapping(
-            map_tensor=map_tensor,
-            # as save_pretrained writes them: an MoE's experts one tensor per expert, copied unchanged
-            target_shapes=saved_shapes(skeleton, skip=tied),
-            not_saved=tied,
-            write_config=config.save_pretrained,
-            advice="check num_hidden_layers, tie_word_embeddings and attention_bias against the weights",
-        )
-
-    written = transform_checkpoint(
+    conversion = Conversion(gate, init, verify)
+    written = conversion.run(
         src,
         dst,
-        build,
-        output_name="converted checkpoint",
-        description="converting",
-        check_config=check_config,
-        verify=(lambda source, converted: _max_logit_difference(configs["gated_class"], source, converted))
-        if verify
-        else None,
         dtype=dtype,
         max_shard_size=max_shard_size,
         overwrite=overwrite,
@@ -362,9 +322,65 @@ def convert_checkpoint(
         files=written.files,
         total_size=written.plan.total_size,
         max_difference=written.max_difference,
-        gate=configs["target"].gate_type if gate == "keep" else gate,
+        gate=conversion.config.gate_type if gate == "keep" else gate,
         init=init,
     )
+
+
+class Conversion(CheckpointTransform):
+    """:func:`convert_checkpoint`'s steps: the target config and class from config.json (:meth:`check_config`),
+    the mapping from the header (:meth:`build`), each tensor grown or doubled (:meth:`map_tensor`)."""
+
+    output_name = "converted checkpoint"
+    description = "converting"
+
+    def __init__(self, gate: str = "headwise", init: str = "identity", verify: bool = False):
+        _check_choice(gate, CHECKPOINT_GATES, "gate")
+        _check_choice(init, INITS, "init")
+        self.gate, self.init, self.verifies = gate, init, verify
+        # set by check_config: the source's config, the target's, and the gated class that reads the target
+        self.source_config: Qwen3GatedConfig | Qwen3MoeGatedConfig | None = None
+        self.config: Qwen3GatedConfig | Qwen3MoeGatedConfig | None = None
+        self.gated_class: type | None = None
+
+    def check_config(self, config_dict: dict, source: str, target_dtype) -> None:  # before any weight is fetched
+        source_config = source_config_from_dict(config_dict, source)
+        config = source_config if self.gate == "keep" else gated_config_from_dict(config_dict, self.gate, source)
+        moe = isinstance(config, Qwen3MoeGatedConfig)
+        architecture = (config_dict.get("architectures") or ["Qwen3MoeForCausalLM" if moe else "Qwen3ForCausalLM"])[0]
+        gated_class = gated_model_class(config_dict, architecture)
+        if gated_class is None:
+            raise CheckpointError(
+                f"{source} is a {architecture}; only Qwen3ForCausalLM, Qwen3ForSequenceClassification and Qwen3Model "
+                "checkpoints, and their Qwen3-MoE counterparts (Qwen3MoeForCausalLM, ...), can be converted"
+            )
+        config.architectures = [gated_class.__name__]
+        if target_dtype is not None:
+            config.dtype = target_dtype
+        self.source_config, self.config, self.gated_class = source_config, config, gated_class
+
+    def build(self, header, target_dtype) -> TensorMapping:
+        check_weights_match_config(self.source_config, header.tensors, header.source)
+        with torch.device("meta"):
+            skeleton = self.gated_class(self.config)
+        # A tied lm_head is not saved by transformers, and is ignored on loading if a checkpoint has it.
+        tied = set(skeleton.all_tied_weights_keys)
+        return TensorMapping(
+            map_tensor=self.map_tensor,
+            # as save_pretrained writes them: an MoE's experts one tensor per expert, copied unchanged
+            target_shapes=saved_shapes(skeleton, skip=tied),
+            not_saved=tied,
+            write_config=self.config.save_pretrained,
+            advice="check num_hidden_layers, tie_word_embeddings and attention_bias against the weights",
+        )
+
+    def map_tensor(self, name: str, tensor: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+        if is_fused_experts(name):  # an MoE saved fused: written as save_pretrained writes experts
+            return split_fused_experts(name, tensor)
+        return [(name, tensor if self.gate == "keep" else convert_tensor(name, tensor, self.config, self.init))]
+
+    def verify(self, source: Path, converted: Path) -> float:
+        return _max_logit_difference(self.gated_class, source, converted)
 
 
 def _max_logit_difference(gated_class, source: Path, converted: Path) -> float:
@@ -379,4 +395,11 @@ def _max_logit_difference(gated_class, source: Path, converted: Path) -> float:
     return (source_out - converted_out).abs().max().item()
 
 
-__all__ = ["ConversionResult", "convert_checkpoint", "convert_qwen3_to_gated", "grow_q_proj", "convert_tensor"]
+__all__ = [
+    "Conversion",
+    "ConversionResult",
+    "convert_checkpoint",
+    "convert_qwen3_to_gated",
+    "grow_q_proj",
+    "convert_tensor",
+]

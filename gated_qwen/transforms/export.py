@@ -50,11 +50,12 @@ from transformers.utils import logging
 
 from ..checkpoint import CONFIG_NAME, check_weights_match_config
 from ..errors import CheckpointError, GatedQwenError
+from ..models.auto import causal_lm_class
 from ..models.layout import gate_dim, split_query_and_gate
 from ..models.qwen3_gated.configuration_qwen3_gated import Qwen3GatedConfig
 from ..models.qwen3_moe_gated.configuration_qwen3_moe_gated import Qwen3MoeGatedConfig
 from .experts import is_fused_experts, saved_shapes, split_fused_experts
-from .pipeline import TensorMapping, source_config_from_dict, transform_checkpoint
+from .pipeline import CheckpointTransform, TensorMapping, source_config_from_dict
 
 
 logger = logging.get_logger(__name__)
@@ -385,48 +386,10 @@ def export_checkpoint(
     """
     if to not in TARGETS:
         raise GatedQwenError(f"unknown export target {to!r}; choose one of {', '.join(TARGETS)}")
-    exported = {}
-
-    def check_config(config_dict: dict, source: str, target_dtype) -> None:  # before any weight is fetched
-        exported["config"] = qwen3_5_config(config_dict, source, target_dtype)
-        architecture = (config_dict.get("architectures") or ["Qwen3ForCausalLM"])[0]
-        if not architecture.endswith("ForCausalLM"):
-            raise CheckpointError(
-                f"{source} is a {architecture}; only causal language models (...ForCausalLM) can be exported"
-            )
-        exported["source_config"] = source_config_from_dict(config_dict, source)
-
-    rounding = NormRounding()
-
-    def build(header, target_dtype) -> TensorMapping:
-        config, exported_config = exported["source_config"], exported["config"]
-        check_weights_match_config(config, header.tensors, header.source)
-        target = qwen3_5_skeleton(exported_config)
-        not_saved = {"lm_head.weight"} if exported_config["tie_word_embeddings"] else set()
-
-        def observe(source_name: str, tensor: torch.Tensor, name: str, out: torch.Tensor) -> None:
-            if is_norm_weight(source_name):
-                rounding.add(source_name, tensor, out)
-
-        return TensorMapping(
-            map_tensor=lambda name, tensor: export_tensor(name, tensor, config),
-            target_shapes=saved_shapes(target, skip=not_saved),  # experts one tensor per expert, as saved
-            not_saved=not_saved,
-            write_config=lambda folder: (folder / CONFIG_NAME).write_text(
-                json.dumps(exported_config, indent=2, sort_keys=True) + "\n"
-            ),
-            observe=observe,
-            advice="check num_hidden_layers, tie_word_embeddings and the gate keys against the weights",
-        )
-
-    written = transform_checkpoint(
+    export = Export(verify)
+    written = export.run(
         src,
         dst,
-        build,
-        output_name="export",
-        description="exporting",
-        check_config=check_config,
-        verify=max_logit_difference if verify else None,
         dtype=dtype,
         max_shard_size=max_shard_size,
         overwrite=overwrite,
@@ -434,10 +397,10 @@ def export_checkpoint(
         subfolder=subfolder,
         progress=progress,
     )
-    source = written.header.source
+    rounding = export.rounding
     if rounding.rounded:
-        logger.warning(rounding.message(source, exported["config"]["dtype"]))
-    tied = exported["source_config"].tie_word_embeddings
+        logger.warning(rounding.message(written.header.source, export.exported_config["dtype"]))
+    tied = export.source_config.tie_word_embeddings
     return ExportResult(
         path=written.path,
         files=written.files,
@@ -450,6 +413,56 @@ def export_checkpoint(
         max_difference=written.max_difference,
         to=to,
     )
+
+
+class Export(CheckpointTransform):
+    """:func:`export_checkpoint`'s steps: the Qwen3.5 config from config.json (:meth:`check_config`), the mapping
+    from the header (:meth:`build`), and the norm weights that round counted as they are written (:meth:`observe`)."""
+
+    output_name = "export"
+    description = "exporting"
+
+    def __init__(self, verify: bool = False):
+        self.verifies = verify
+        self.rounding = NormRounding()
+        # set by check_config: the exported config.json dict and the source's gated config
+        self.exported_config: dict | None = None
+        self.source_config: Qwen3GatedConfig | Qwen3MoeGatedConfig | None = None
+
+    def check_config(self, config_dict: dict, source: str, target_dtype) -> None:  # before any weight is fetched
+        self.exported_config = qwen3_5_config(config_dict, source, target_dtype)
+        architecture = (config_dict.get("architectures") or ["Qwen3ForCausalLM"])[0]
+        if not architecture.endswith("ForCausalLM"):
+            raise CheckpointError(
+                f"{source} is a {architecture}; only causal language models (...ForCausalLM) can be exported"
+            )
+        self.source_config = source_config_from_dict(config_dict, source)
+
+    def build(self, header, target_dtype) -> TensorMapping:
+        check_weights_match_config(self.source_config, header.tensors, header.source)
+        target = qwen3_5_skeleton(self.exported_config)
+        not_saved = {"lm_head.weight"} if self.exported_config["tie_word_embeddings"] else set()
+        return TensorMapping(
+            map_tensor=self.map_tensor,
+            target_shapes=saved_shapes(target, skip=not_saved),  # experts one tensor per expert, as saved
+            not_saved=not_saved,
+            write_config=self.write_config,
+            observe=self.observe,
+            advice="check num_hidden_layers, tie_word_embeddings and the gate keys against the weights",
+        )
+
+    def map_tensor(self, name: str, tensor: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+        return export_tensor(name, tensor, self.source_config)
+
+    def write_config(self, folder: Path) -> None:
+        (folder / CONFIG_NAME).write_text(json.dumps(self.exported_config, indent=2, sort_keys=True) + "\n")
+
+    def observe(self, source_name: str, tensor: torch.Tensor, name: str, out: torch.Tensor) -> None:
+        if is_norm_weight(source_name):
+            self.rounding.add(source_name, tensor, out)
+
+    def verify(self, source: Path, exported: Path) -> float:
+        return max_logit_difference(source, exported)
 
 
 def max_logit_difference(source: str | os.PathLike, exported: str | os.PathLike) -> float:
@@ -486,12 +499,9 @@ def parameter_counts(config_dict: dict) -> tuple[int, int]:
 
 
 def model_classes(config_dict: dict):
-    """The gated causal-LM class for a gated checkpoint's config.json dict, and its config object."""
-    from ..models.qwen3_gated.modeling_qwen3_gated import Qwen3GatedForCausalLM
-    from ..models.qwen3_moe_gated.modeling_qwen3_moe_gated import Qwen3MoeGatedForCausalLM
-
-    config = source_config_from_dict(config_dict)
-    return (Qwen3MoeGatedForCausalLM if isinstance(config, Qwen3MoeGatedConfig) else Qwen3GatedForCausalLM), config
+    """The gated causal-LM class for a gated checkpoint's config.json dict (:func:`gated_qwen.models.auto.causal_lm_class`
+    decides), and its config object."""
+    return causal_lm_class(config_dict), source_config_from_dict(config_dict)
 
 
 def qwen3_5_skeleton(exported_config: dict):
@@ -507,6 +517,7 @@ def qwen3_5_skeleton(exported_config: dict):
 
 
 __all__ = [
+    "Export",
     "ExportResult",
     "NormRounding",
     "check_exportable",

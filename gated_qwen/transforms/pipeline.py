@@ -246,7 +246,46 @@ def transform_checkpoint(
     return TransformedCheckpoint(destination, files, plan, header, max_difference)
 
 
+class CheckpointTransform:
+    """One transform of a checkpoint (conversion, export) as an object: its steps are the methods that
+    :func:`transform_checkpoint` calls in turn, and what one step learns for a later one is an attribute.
+
+    A subclass sets ``output_name`` and ``description`` and defines :meth:`build`; it may define
+    :meth:`check_config` (refuse from config.json alone) and :meth:`verify` (used when ``verifies``).
+    :meth:`run` streams ``src`` into ``dst`` through them.
+    """
+
+    output_name: str = "transformed checkpoint"
+    description: str = "transforming"
+    verifies: bool = False
+
+    def check_config(self, config_dict: dict, source: str, target_dtype: torch.dtype | None) -> None:
+        """Refuse the source from its config.json dict alone, before any weight is fetched (nothing by default)."""
+
+    def build(self, header: CheckpointHeader, target_dtype: torch.dtype | None) -> TensorMapping:
+        """The :class:`TensorMapping` for the source whose header is ``header``."""
+        raise NotImplementedError
+
+    def verify(self, source: Path, staging: Path) -> float:
+        """The largest logit difference between the source folder and the written one."""
+        raise NotImplementedError
+
+    def run(self, src: str | os.PathLike, dst: str | os.PathLike, **options) -> TransformedCheckpoint:
+        """:func:`transform_checkpoint` with this transform's steps; ``options`` are its keyword options."""
+        return transform_checkpoint(
+            src,
+            dst,
+            self.build,
+            output_name=self.output_name,
+            description=self.description,
+            check_config=self.check_config,
+            verify=self.verify if self.verifies else None,
+            **options,
+        )
+
+
 __all__ = [
+    "CheckpointTransform",
     "TensorMapping",
     "TensorPlan",
     "TransformedCheckpoint",

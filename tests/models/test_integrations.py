@@ -40,6 +40,31 @@ def test_import_gated_qwen_then_auto_classes():
     assert report == {"lazy": {"torch": False, "transformers": False}, "class": "Qwen3GatedForCausalLM"}
 
 
+MODELING_MODULE_ALONE = """
+import json
+import {module}
+from transformers import AutoConfig, AutoModelForCausalLM
+print(json.dumps({{t: AutoModelForCausalLM._model_mapping[type(AutoConfig.for_model(t))].__name__
+                  for t in ("qwen3_gated", "qwen3_moe_gated")}}))
+"""
+
+
+@pytest.mark.parametrize("module", ["qwen3_gated.modeling_qwen3_gated", "qwen3_moe_gated.modeling_qwen3_moe_gated"])
+def test_importing_a_modeling_module_alone_registers_every_family(module):
+    report = run_python(MODELING_MODULE_ALONE.format(module=f"gated_qwen.models.{module}"))
+    assert report == {"qwen3_gated": "Qwen3GatedForCausalLM", "qwen3_moe_gated": "Qwen3MoeGatedForCausalLM"}
+
+
+def test_the_modeling_modules_do_not_import_the_registration():
+    """No cycle: models.auto imports the modeling modules (to register them), never the other way round."""
+    from pathlib import Path
+
+    models = Path(__file__).resolve().parents[2] / "gated_qwen" / "models"
+    for path in models.rglob("modeling_*.py"):
+        source = path.read_text()
+        assert "from ..auto import" not in source and "models.auto" not in source, path
+
+
 @pytest.fixture
 def peft():
     return pytest.importorskip("peft")

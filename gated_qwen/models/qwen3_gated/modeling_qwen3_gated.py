@@ -34,7 +34,6 @@ from transformers.models.qwen3.modeling_qwen3 import (
 from transformers.utils import logging
 from transformers.utils.deprecation import deprecate_kwarg
 
-from ..auto import register_with_transformers
 from ..layout import gate_dim, gate_heads_and_width, q_proj_rows, split_query_and_gate
 from ..tensor_parallel import GatedQProjTensorParallelMixin
 from .configuration_qwen3_gated import Qwen3GatedConfig
@@ -250,5 +249,3 @@ __all__ = [
     "Qwen3GatedModel",
     "Qwen3GatedPreTrainedModel",
 ]
-
-register_with_transformers()  # importing the model makes it known to AutoConfig / AutoModel*

@@ -24,7 +24,6 @@ from transformers.models.qwen3_moe.modeling_qwen3_moe import (
 )
 from transformers.utils.output_capturing import OutputRecorder
 
-from ..auto import register_with_transformers
 from ..qwen3_gated.modeling_qwen3_gated import Qwen3GatedAttention
 from ..tensor_parallel import GatedQProjTensorParallelMixin
 from .configuration_qwen3_moe_gated import Qwen3MoeGatedConfig
@@ -120,5 +119,3 @@ __all__ = [
     "Qwen3MoeGatedModel",
     "Qwen3MoeGatedPreTrainedModel",
 ]
-
-register_with_transformers()  # importing the model makes it known to AutoConfig / AutoModel*
