@@ -40,7 +40,22 @@ def _config_values(args: TrainingArguments) -> dict:
             raise TrainingError(f"unknown gate {args.gate!r}; expected one of {', '.join(GATE_TYPES)}")
         values["headwise_attn_output_gate"] = args.gate == "headwise"
         values["elementwise_attn_output_gate"] = args.gate == "elementwise"
+        values.update(gate_variant(args))
     return values
+
+
+GATE_VARIANT_KEYS = ("gate_position", "gate_shared_across_heads", "gate_activation", "gate_combination")
+RELEASED_GATE_VARIANT = {
+    "gate_position": "sdpa_output",
+    "gate_shared_across_heads": False,
+    "gate_activation": "sigmoid",
+    "gate_combination": "multiplicative",
+}
+
+
+def gate_variant(args: TrainingArguments) -> dict:
+    """The config keys of the gate variant (``--gate-position`` and the rest), passed with ``--gate``'s type."""
+    return {key: getattr(args, key) for key in GATE_VARIANT_KEYS}
 
 
 def build_config(args: TrainingArguments, tokenizer) -> Qwen3GatedConfig | Qwen3MoeGatedConfig:
@@ -89,6 +104,17 @@ def check_arguments(args: TrainingArguments) -> None:
     if args.gate_init is not None and (args.init_from is None or args.gate is None):
         raise TrainingError(
             "--init says how --gate converts the --init-from checkpoint; give --init-from and --gate with it, or leave --init out"
+        )
+    if args.init_from is not None and gate_variant(args) != RELEASED_GATE_VARIANT:
+        raise TrainingError(
+            "--init-from converts a checkpoint to the released gate variant only (sdpa_output, per head, sigmoid, "
+            "multiplicative); leave --gate-position, --gate-shared-across-heads, --gate-activation and "
+            "--gate-combination at their defaults, or train from scratch"
+        )
+    if args.gate is None and gate_variant(args) != RELEASED_GATE_VARIANT:
+        raise TrainingError(
+            "the gate variant options (--gate-position, --gate-shared-across-heads, --gate-activation, "
+            "--gate-combination) apply to the gate of --gate; give --gate with them"
         )
     if args.init_from is None:
         for value, flag in ((args.init_from_subfolder, "--subfolder"), (args.init_from_revision, "--revision")):
