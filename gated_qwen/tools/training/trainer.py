@@ -538,11 +538,28 @@ def _named_groups(groups: list[dict], model) -> list[dict]:
     ]
 
 
-def _run_trainer(args: TrainingArguments, run: _Run, trainer: GatedTrainer) -> int:
+def _load_weights(trainer: GatedTrainer, checkpoint: Path) -> None:
+    """The model weights of ``checkpoint`` into ``trainer.model``, as Trainer's resume loads them (not strict: tied
+    weights are saved once), through public functions; FSDP and DeepSpeed checkpoints only Trainer reads."""
+    from transformers.modeling_utils import load_sharded_checkpoint
+
+    if trainer.is_fsdp_enabled or trainer.is_deepspeed_enabled:
+        trainer._load_from_checkpoint(str(checkpoint))  # their sharded formats: no public reader
+        return
+    weights = checkpoint / "model.safetensors"
+    if weights.is_file():
+        from safetensors.torch import load_file
+
+        trainer.model.load_state_dict(load_file(weights, device="cpu"), strict=False)
+    else:
+        load_sharded_checkpoint(trainer.model, str(checkpoint), strict=False)
+
+
+def _run_trainer(run: _Run, trainer: GatedTrainer) -> int:
     """Train to the end (or, killed after its last checkpoint, only load it); the step reached."""
     if run.checkpoint is not None and run.step == run.total_steps:
         # killed after its last checkpoint: nothing left to train (Trainer would take one more step)
-        trainer._load_from_checkpoint(str(run.checkpoint))
+        _load_weights(trainer, Path(run.checkpoint))
         return run.step
     trainer.train(resume_from_checkpoint=str(run.checkpoint) if run.checkpoint is not None else None)
     return trainer.state.global_step
@@ -649,7 +666,7 @@ def train(args: TrainingArguments, resume: str | Path | None = None) -> dict:
     trainer.remove_callback(PrinterCallback)
     if not args.progress:
         trainer.remove_callback(ProgressCallback)
-    step = _run_trainer(args, run, trainer)
+    step = _run_trainer(run, trainer)
     final = _save_final(args, trainer, tokenizer, run.out, run.is_main)
     summary = {
         "steps": step,
