@@ -541,7 +541,7 @@ def _named_groups(groups: list[dict], model) -> list[dict]:
 def _load_weights(trainer: GatedTrainer, checkpoint: Path) -> None:
     """The model weights of ``checkpoint`` into ``trainer.model``, as Trainer's resume loads them (not strict: tied
     weights are saved once), through public functions; FSDP and DeepSpeed checkpoints only Trainer reads."""
-    from transformers.modeling_utils import load_sharded_checkpoint
+    from transformers.trainer_utils import load_sharded_checkpoint
 
     if trainer.is_fsdp_enabled or trainer.is_deepspeed_enabled:
         trainer._load_from_checkpoint(str(checkpoint))  # their sharded formats: no public reader
