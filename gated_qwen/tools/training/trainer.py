@@ -26,7 +26,7 @@ from transformers.utils import logging
 
 from ...checkpoint.outputs import OutputFolder, write_text
 from ...errors import GatedQwenError
-from ..training_args import DEFAULT_VOCAB_SIZE, TrainingArguments, TrainingError
+from ..training_args import DEFAULT_VOCAB_SIZE, TrainingError, TrainRunArguments
 from . import checkpoints as ckpt
 from .data import (
     PackedRows,
@@ -144,7 +144,7 @@ class RunCallback(TrainerCallback):
 
     def __init__(
         self,
-        args: TrainingArguments,
+        args: TrainRunArguments,
         heldout,
         out: Path,
         num_processes: int,
@@ -252,7 +252,7 @@ class RunCallback(TrainerCallback):
             write_text(folder / ckpt.RUN_STATE, json.dumps(self.run_state(state.global_step), indent=2) + "\n")
 
 
-def _precision(args: TrainingArguments) -> bool:
+def _precision(args: TrainRunArguments) -> bool:
     """Whether Trainer trains in bf16 (autocast): ``auto`` takes it on a GPU that has it."""
     if args.precision == "auto":
         # CPU bf16 autocast exists but is slower than fp32 on most CPUs without AMX, and less exact.
@@ -262,7 +262,7 @@ def _precision(args: TrainingArguments) -> bool:
     return args.precision == "bf16"
 
 
-def check_scaling_options(args: TrainingArguments, num_processes: int) -> int:
+def check_scaling_options(args: TrainRunArguments, num_processes: int) -> int:
     """The data shards of the run, after refusing scaling options that cannot work here."""
     if args.fsdp and not torch.cuda.is_available():
         raise TrainingError(
@@ -293,10 +293,10 @@ def check_scaling_options(args: TrainingArguments, num_processes: int) -> int:
     return shards
 
 
-def describe_scale(args: TrainingArguments, num_processes: int, data_shards: int) -> str:
+def describe_scale(args: TrainRunArguments, num_processes: int, data_shards: int) -> str:
     """The line a run starts with: its process count, global batch and data shards.
 
-    >>> describe_scale(TrainingArguments(train_file="t.jsonl", output_dir="o", max_steps=1, batch_size=4), 2, 1)
+    >>> describe_scale(TrainRunArguments(train_file="t.jsonl", output_dir="o", max_steps=1, batch_size=4), 2, 1)
     'training on 2 processes, global batch 8 rows (per process 4 x accumulation 1 x 2 processes), 1 data shard'
     """
     plural = "process" if num_processes == 1 else "processes"
@@ -308,7 +308,7 @@ def describe_scale(args: TrainingArguments, num_processes: int, data_shards: int
     )
 
 
-def _hf_arguments(args: TrainingArguments, total_steps: int, num_processes: int):
+def _hf_arguments(args: TrainRunArguments, total_steps: int, num_processes: int):
     from transformers import TrainingArguments as HFTrainingArguments
 
     # transformers after 5.19 calls it activation_checkpointing (gradient_checkpointing stays a deprecated alias until
@@ -365,7 +365,7 @@ def _hf_arguments(args: TrainingArguments, total_steps: int, num_processes: int)
     )
 
 
-def _make_tokenizer(args: TrainingArguments, documents, is_main: bool, num_processes: int):
+def _make_tokenizer(args: TrainRunArguments, documents, is_main: bool, num_processes: int):
     """A BPE trained on the training text by the main process only, shared with the others as its JSON."""
     from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
@@ -393,7 +393,7 @@ class _Run:
     checkpoint: Path | None
     state: dict | None
     total_steps: int
-    hf_args: object  # transformers' TrainingArguments
+    hf_args: object  # transformers' TrainRunArguments
     output: OutputFolder
     out: Path
 
@@ -406,7 +406,7 @@ class _Run:
         return self.hf_args.process_index == 0
 
 
-def _resolve_run(args: TrainingArguments, resume: str | Path | None) -> _Run:
+def _resolve_run(args: TrainRunArguments, resume: str | Path | None) -> _Run:
     """Every check on the options and the resumed checkpoint, made before any data or weight is read."""
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -432,7 +432,7 @@ def _resolve_run(args: TrainingArguments, resume: str | Path | None) -> _Run:
     return run
 
 
-def _load_run_tokenizer(args: TrainingArguments, run: _Run):
+def _load_run_tokenizer(args: TrainRunArguments, run: _Run):
     """The resumed checkpoint's tokenizer, ``--tokenizer``, ``--init-from``'s, or a BPE trained on the text."""
     from transformers import AutoTokenizer
 
@@ -452,7 +452,7 @@ def _load_run_tokenizer(args: TrainingArguments, run: _Run):
     return _make_tokenizer(args, load_documents(args, streaming=True), run.is_main, run.num_processes)
 
 
-def _read_rows(args: TrainingArguments, run: _Run, documents, tokenizer):
+def _read_rows(args: TrainRunArguments, run: _Run, documents, tokenizer):
     """The training rows of this process (checked by reading the first ones) and the held-out rows."""
     from .data import reading_error
 
@@ -470,7 +470,7 @@ def _read_rows(args: TrainingArguments, run: _Run, documents, tokenizer):
     return rows, heldout
 
 
-def _initial_model(args: TrainingArguments, tokenizer):
+def _initial_model(args: TrainRunArguments, tokenizer):
     """The ``--init-from`` model (checked against its tokenizer), or None to build one from a config."""
     if not args.init_from:
         return None
@@ -483,7 +483,7 @@ def _initial_model(args: TrainingArguments, tokenizer):
     return model
 
 
-def _build_model(args: TrainingArguments, tokenizer, initial_model):
+def _build_model(args: TrainRunArguments, tokenizer, initial_model):
     """The model to train: ``initial_model``, or a new one from the config (seeded)."""
     from ...models.auto import causal_lm_class
 
@@ -517,7 +517,7 @@ def _finished_summary(run: _Run) -> dict | None:
     return summary
 
 
-def _start_writing(args: TrainingArguments, run: _Run, tokenizer) -> None:
+def _start_writing(args: TrainRunArguments, run: _Run, tokenizer) -> None:
     """Every input has been read and checked: the tokenizer and train_args.json go into --out, log.csv is cut."""
     run.hf_args.distributed_state.wait_for_everyone()  # every process has checked --out before it is written
     if run.is_main:
@@ -583,7 +583,7 @@ def _final_state(trainer: GatedTrainer, out: Path):
     return trainer.model, None
 
 
-def _save_final(args: TrainingArguments, trainer: GatedTrainer, tokenizer, out: Path, is_main: bool) -> Path:
+def _save_final(args: TrainRunArguments, trainer: GatedTrainer, tokenizer, out: Path, is_main: bool) -> Path:
     """``final/``: the trained model, its tokenizer and (trained from scratch) our generation config."""
     from transformers import GenerationConfig
 
@@ -616,7 +616,7 @@ def _write_summary(summary: dict, out: Path, is_main: bool) -> None:
             logger.warning(f"{error}; the losses are in {out / 'log.csv'}")
 
 
-def train(args: TrainingArguments, resume: str | Path | None = None) -> dict:
+def train(args: TrainRunArguments, resume: str | Path | None = None) -> dict:
     """Train (or, with ``resume``, continue) a model as ``args`` says on transformers' Trainer; returns a summary dict.
 
     The model is new (``args.config``, a tokenizer trained on the text or ``args.tokenizer``) or, with
@@ -631,7 +631,7 @@ def train(args: TrainingArguments, resume: str | Path | None = None) -> dict:
     position, so the losses equal those of an uninterrupted run. The summary counts the loss spikes
     (:class:`.reporting.LossSpikes`: ``loss_spikes``, ``loss_spike_steps``).
 
-    >>> train(TrainingArguments(train_file="train.jsonl", output_dir="runs/x", max_steps=100))  # doctest: +SKIP
+    >>> train(TrainRunArguments(train_file="train.jsonl", output_dir="runs/x", max_steps=100))  # doctest: +SKIP
     {'steps': 100, 'tokens': 409600, ...}
     """
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
