@@ -46,10 +46,14 @@ def add_dataclass_arguments(parser, cls) -> dict:
     hints = typing.get_type_hints(cls)
     groups = {name: parser.add_argument_group(name) for name in GROUPS}
     exclusive = {}
-    # by help group, the members of a mutually exclusive group side by side (argparse's usage line shows them so)
+    # by help group, the members of a mutually exclusive group first and side by side (argparse's usage line shows them so)
     fields = sorted(
         dataclasses.fields(cls),
-        key=lambda field: (GROUPS.index(field.metadata.get("group", "run")), field.metadata.get("exclusive", "")),
+        key=lambda field: (
+            GROUPS.index(field.metadata.get("group", "run")),
+            "exclusive" not in field.metadata,
+            field.metadata.get("exclusive", ""),
+        ),
     )
     for field in fields:
         meta = field.metadata
@@ -118,8 +122,9 @@ def run_arguments(args):
 
 
 def run_train(args) -> int:
+    training_args = run_arguments(args)  # bounds checked before torch is imported
     from ..tools.training import train
 
-    summary = train(run_arguments(args), resume=args.resume)
+    summary = train(training_args, resume=args.resume)
     print(json.dumps(summary, indent=2))
     return 0
