@@ -1,4 +1,4 @@
-"""The arguments of a training run (:class:`TrainingArguments`), importable without torch.
+"""The arguments of a training run (:class:`TrainRunArguments`), importable without torch.
 
 Kept apart from :mod:`gated_qwen.tools.training` (as transformers keeps ``TrainingArguments`` apart from its
 ``Trainer``) so that ``gated-qwen train --help`` shows the defaults without importing torch.
@@ -10,10 +10,12 @@ import dataclasses
 import math
 
 from ..errors import GatedQwenError
+from ..utils.names import CONVERSION_INITS, GATE_ACTIVATIONS, GATE_COMBINATIONS, GATE_POSITIONS, GATE_TYPES
 
 
 DEFAULT_VOCAB_SIZE = 4096  # of the BPE trained when no tokenizer is given
 TRAINABLE = ("all", "gate")  # what --trainable accepts: every parameter, or the gate rows of q_proj
+PRECISIONS = ("auto", "bf16", "fp32")
 
 
 # What fixes the rows a run reads and the model it starts from: a resumed run must give the same values.
@@ -37,6 +39,10 @@ RUN_DATA_KEYS = (
     "gate_init",
     "trainable",
     "gate_lr_scale",
+    "gate_position",
+    "gate_shared_across_heads",
+    "gate_activation",
+    "gate_combination",
 )
 
 
@@ -44,68 +50,195 @@ class TrainingError(GatedQwenError):
     """Training inputs that cannot work: missing data, a clashing output folder, a bad resume folder."""
 
 
+def _option(default=None, help: str = "", group: str = "run", **metadata):
+    """A field of :class:`TrainRunArguments` with what its command-line option needs (``gated-qwen train``).
+
+    ``metadata`` keys, read by :func:`gated_qwen.cli.train.add_dataclass_arguments` (which follows transformers'
+    ``HfArgumentParser``): ``help``, ``aliases`` (other spellings accepted), ``choices``, ``metavar``, ``group``
+    (the help section), ``exclusive`` (a required mutually exclusive group), ``negatable`` (a bool with ``--no-``),
+    ``cli=False`` (not on the command line).
+    """
+    metadata = {"help": help, "group": group, **metadata}
+    if default is dataclasses.MISSING:  # a field every run gives
+        return dataclasses.field(metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+_DEFAULT = " (default %(default)s)"
+
+
 @dataclasses.dataclass
-class TrainingArguments:
+class TrainRunArguments:
     """Everything one training run depends on; saved as ``train_args.json`` in the output folder.
 
-    >>> args = TrainingArguments(train_file="train.jsonl", output_dir="runs/x", max_steps=10)
+    Named so as not to shadow transformers' ``TrainingArguments``, which :func:`gated_qwen.tools.training.train`
+    builds from it (``_hf_arguments``): a module using both needs no ``as``. Each field is also the definition of
+    its ``gated-qwen train`` option (its metadata: help, aliases, choices), from which the command line is derived.
+
+    >>> args = TrainRunArguments(train_file="train.jsonl", output_dir="runs/x", max_steps=10)
     >>> args.tokens_per_step(num_processes=1)
     4096
     """
 
-    train_file: str | None  # local .jsonl/.json/.parquet/.txt file(s), comma-separated; or None with `dataset`
-    output_dir: str
-    heldout_file: str | None = None
+    # local .jsonl/.json/.parquet/.txt file(s), comma-separated; or None with `dataset`
+    train_file: str | None = _option(
+        dataclasses.MISSING,
+        help="training text: local .jsonl/.json/.parquet/.csv file(s) (comma-separated) "
+        "with a text field, or .txt (one document per file)",
+        group="data",
+        exclusive="source",
+    )
+    output_dir: str = _option(dataclasses.MISSING, help="output folder", aliases=["--out"], required=True)
+    heldout_file: str | None = _option(
+        help="held-out text, same formats; evaluated every --eval-every steps", group="data"
+    )
     # Hugging Face `datasets` input (see training.data): a hub data set or a local folder instead of train_file
-    dataset: str | None = None
-    dataset_config: str | None = None
-    split: str = "train"
-    heldout_split: str | None = None  # a split of `dataset` to evaluate on, instead of heldout_file
-    text_field: str = "text"
-    streaming: bool = (
-        False  # True: read the data as it trains (datasets streaming); False: through datasets' Arrow cache
+    dataset: str | None = _option(
+        help="training text: a Hugging Face data set (hub id or local folder) read with datasets",
+        group="data",
+        exclusive="source",
     )
-    data_shards: int | None = None  # the data is read as this many shards (None: 1, streamed one per process); data.py
-    shuffle_buffer: int = 1000  # streaming: documents in the shuffle buffer of each shard
-    config: str | None = (
-        None  # a config.json (e.g. configs/small_4M.json; an MoE one by model_type); None: Qwen3GatedConfig defaults + flags
+    dataset_config: str | None = _option(help="the --dataset configuration (its name on the hub)", group="data")
+    split: str = _option("train", help="the --dataset split to train on" + _DEFAULT, group="data")
+    heldout_split: str | None = _option(
+        help="a --dataset split to evaluate on, instead of --heldout-file", group="data"
     )
-    gate: str | None = None  # none/headwise/elementwise; overrides the config's gate flags
-    tokenizer: str | None = None  # a tokenizer folder; None: train a byte-level BPE of vocab_size
-    vocab_size: int | None = None  # of the BPE to train; None: DEFAULT_VOCAB_SIZE
-    seq_len: int = 256
-    batch_size: int = 16
-    max_steps: int | None = None
-    max_tokens: int | None = None  # the token budget; sets max_steps when max_steps is None
-    learning_rate: float = 3e-3
-    min_lr_rate: float = 0.1
-    warmup_steps: int = 100
-    weight_decay: float = 0.1
-    adam_betas: tuple[float, float] = (0.9, 0.95)
-    max_grad_norm: float = 1.0
-    precision: str = "auto"  # auto (bf16 on a GPU that has it, else fp32), bf16, fp32
-    eval_every: int = 100
-    eval_rows: int = 64  # held-out rows per evaluation (the first ones, always the same)
-    save_every: int = 0  # 0: only at the end
-    gradient_accumulation_steps: int = 1
-    gradient_checkpointing: bool = False
-    fsdp: str | None = None  # transformers TrainingArguments.fsdp, e.g. "full_shard auto_wrap" (GPUs only)
-    fsdp_config: str | None = None  # a JSON file or string, as transformers' --fsdp_config
-    deepspeed: str | None = None  # a DeepSpeed JSON config, as transformers' --deepspeed
-    report_to: str = "none"  # transformers' report_to: none, all, tensorboard, wandb, ...
-    seed: int = 0
-    threads: int | None = None  # torch CPU threads
-    overwrite: bool = False
-    progress: bool = True
+    text_field: str = _option("text", help="the field holding the text" + _DEFAULT, group="data")
+    # True: read the data as it trains (datasets streaming); False: through datasets' Arrow cache
+    streaming: bool = _option(
+        False,
+        help="stream the data as it trains, its documents shuffled in a buffer (--shuffle-buffer): for data "
+        "larger than the disk, or a hub data set not to download first. Default --no-streaming: datasets' Arrow "
+        "cache (memory-mapped), each shard packed once into rows that every epoch permutes",
+        group="data",
+        negatable=True,
+    )
+    data_shards: int | None = _option(
+        help="read the data as N shards, the global stream taking one row of each in turn and process r of W its "
+        "rows r, r+W, ... (default: 1; streamed, one per process, N a multiple of W); runs with the same N see the "
+        "same rows per step whatever their process count",
+        group="data",
+        metavar="N",
+        at_least=1,
+    )
+    shuffle_buffer: int = _option(
+        1000, help="--streaming: documents in each shard's shuffle buffer" + _DEFAULT, group="data", at_least=1
+    )
+    # a config.json (e.g. configs/small_4M.json; an MoE one by model_type); None: Qwen3GatedConfig defaults + flags
+    config: str | None = _option(
+        help="from scratch: a config.json for the architecture, e.g. configs/small_4M.json "
+        "(model_type qwen3_moe or qwen3_moe_gated: a mixture of experts)",
+        group="model",
+    )
+    gate: str | None = _option(
+        help="from scratch: the gate (overrides the config); with --init-from: convert a checkpoint "
+        "without a gate to this one",
+        group="model",
+        choices=GATE_TYPES,
+    )
+    gate_position: str = _option(
+        "sdpa_output",
+        help="the tensor the gate acts on: sdpa_output (released, G1), value (G2), key (G3), query (G4), "
+        "dense_output (after o_proj, G5)" + _DEFAULT,
+        group="model",
+        choices=GATE_POSITIONS,
+    )
+    gate_shared_across_heads: bool = _option(
+        False, help="one set of gate scores shared by all heads (default: each head its own)", group="model"
+    )
+    gate_activation: str = _option(
+        "sigmoid", help="the gate's activation" + _DEFAULT, group="model", choices=GATE_ACTIVATIONS
+    )
+    gate_combination: str = _option(
+        "multiplicative",
+        help="multiplicative: Y * act(XW); additive: Y + act(XW)" + _DEFAULT,
+        group="model",
+        choices=GATE_COMBINATIONS,
+    )
+    tokenizer: str | None = _option(
+        help="from scratch: a tokenizer folder to use instead of training one", group="data"
+    )
+    vocab_size: int | None = _option(
+        help=f"from scratch: BPE vocabulary to train (default {DEFAULT_VOCAB_SIZE})", group="data", at_least=1
+    )
+    seq_len: int = _option(256, help="tokens per row" + _DEFAULT, group="data", at_least=1)
+    batch_size: int = _option(
+        16, help="rows per step per process and accumulation step" + _DEFAULT, group="optimisation", at_least=1
+    )
+    max_steps: int | None = _option(help="optimizer steps", group="optimisation", exclusive="budget", at_least=1)
+    # the token budget; sets max_steps when max_steps is None
+    max_tokens: int | None = _option(
+        help="token budget (sets the steps)", group="optimisation", exclusive="budget", at_least=1
+    )
+    learning_rate: float = _option(3e-3, help="peak learning rate" + _DEFAULT, group="optimisation", aliases=["--lr"])
+    min_lr_rate: float = _option(0.1, help="final lr / peak lr" + _DEFAULT, group="optimisation")
+    warmup_steps: int = _option(100, help="linear warmup" + _DEFAULT, group="optimisation")
+    weight_decay: float = _option(0.1, help="AdamW weight decay" + _DEFAULT, group="optimisation")
+    adam_betas: tuple[float, float] = _option((0.9, 0.95), cli=False)
+    max_grad_norm: float = _option(1.0, help="gradient clipping" + _DEFAULT, group="optimisation")
+    # auto (bf16 on a GPU that has it, else fp32), bf16, fp32
+    precision: str = _option(
+        "auto",
+        help="auto: bf16 autocast on a GPU that supports it, else fp32" + _DEFAULT,
+        group="optimisation",
+        choices=PRECISIONS,
+    )
+    eval_every: int = _option(100, help="steps between evaluations" + _DEFAULT, at_least=1)
+    # held-out rows per evaluation (the first ones, always the same)
+    eval_rows: int = _option(64, help="held-out rows per evaluation" + _DEFAULT, at_least=1)
+    save_every: int = _option(0, help="steps between checkpoints; 0: at the end only")
+    gradient_accumulation_steps: int = _option(
+        1,
+        help="batches accumulated into one optimizer step" + _DEFAULT,
+        group="optimisation",
+        metavar="N",
+        at_least=1,
+    )
+    gradient_checkpointing: bool = _option(
+        False, help="recompute activations in the backward pass", group="optimisation"
+    )
+    # transformers TrainingArguments.fsdp, e.g. "full_shard auto_wrap" (GPUs only)
+    fsdp: str | None = _option(
+        help='transformers\' --fsdp, e.g. "full_shard auto_wrap" (needs GPUs: accelerate enables FSDP only there)',
+        metavar="OPTIONS",
+    )
+    fsdp_config: str | None = _option(help="transformers' --fsdp_config: a JSON file or string", metavar="JSON")
+    deepspeed: str | None = _option(help="a DeepSpeed JSON config, as transformers' --deepspeed", metavar="JSON")
+    report_to: str = _option("none", help="where Trainer also logs: none, all, tensorboard, wandb, ..." + _DEFAULT)
+    seed: int = _option(0, help="weights and data order" + _DEFAULT, group="optimisation")
+    threads: int | None = _option(help="torch CPU threads")
+    overwrite: bool = _option(False, help="replace a non-empty --out")
+    progress: bool = _option(True, help="a progress bar (--no-progress: none)", negatable=True)
     # Continuing a checkpoint instead of training from scratch (see training.load_initial_model, parameter_groups).
-    init_from: str | None = (
-        None  # a Qwen3 / Qwen3Gated / Qwen3-MoE / Qwen3MoeGated checkpoint folder or hub id; its tokenizer is kept
+    init_from: str | None = _option(
+        help="continue this Qwen3, Qwen3Gated, Qwen3-MoE or Qwen3MoeGated checkpoint (folder or hub id) "
+        "with its tokenizer, instead of training from scratch",
+        group="model",
+        metavar="CHECKPOINT",
     )
-    init_from_subfolder: str = ""
-    init_from_revision: str | None = None
-    gate_init: str | None = None  # identity/random: how `gate` converts init_from (default identity)
-    trainable: str = "all"  # all, or gate: only the gate rows of q_proj (weight and bias) are trained
-    gate_lr_scale: float = 1.0  # the gate rows learn at learning_rate * gate_lr_scale
+    init_from_subfolder: str = _option(
+        "", help="the --init-from checkpoint's subfolder (e.g. 1B_baseline)", group="model", aliases=["--subfolder"]
+    )
+    init_from_revision: str | None = _option(
+        help="the --init-from checkpoint's hub revision", group="model", aliases=["--revision"]
+    )
+    # identity/random: how `gate` converts init_from (default identity)
+    gate_init: str | None = _option(
+        help="how --gate converts the --init-from checkpoint: identity (zero gate rows, the same "
+        "outputs; the default) or random",
+        group="model",
+        choices=CONVERSION_INITS,
+        aliases=["--init"],
+    )
+    trainable: str = _option(
+        "all",
+        help="all parameters, or only the gate rows of q_proj and their bias" + _DEFAULT,
+        group="model",
+        choices=TRAINABLE,
+    )
+    gate_lr_scale: float = _option(
+        1.0, help="learning rate of the gate rows: --lr times X" + _DEFAULT, group="model", metavar="X"
+    )
 
     def rows_per_step(self, num_processes: int = 1) -> int:
         """The global batch: rows of seq_len tokens per optimizer step, over every process."""
@@ -122,4 +255,16 @@ class TrainingArguments:
         return math.ceil(self.max_tokens / self.tokens_per_step(num_processes))
 
 
-__all__ = ["DEFAULT_VOCAB_SIZE", "RUN_DATA_KEYS", "TRAINABLE", "TrainingArguments", "TrainingError"]
+# The name before TrainRunArguments, kept for scripts that import it (it shadowed transformers' TrainingArguments).
+TrainingArguments = TrainRunArguments
+
+
+__all__ = [
+    "DEFAULT_VOCAB_SIZE",
+    "PRECISIONS",
+    "RUN_DATA_KEYS",
+    "TRAINABLE",
+    "TrainRunArguments",
+    "TrainingArguments",
+    "TrainingError",
+]

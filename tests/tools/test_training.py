@@ -72,6 +72,10 @@ def test_a_few_steps_lower_the_heldout_loss(corpus, tmp_path):
     assert log[0]["step"] == "0" and log[-1]["step"] == "12"
     assert last < first - 0.5, (first, last)
     assert summary["tokens"] == 12 * 4 * 32
+    # the loss spikes (reporting.LossSpikes), in the summary returned and written
+    assert summary["loss_spikes"] == len(summary["loss_spike_steps"])
+    written_summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert written_summary["loss_spike_steps"] == summary["loss_spike_steps"]
     reloaded = Qwen3GatedForCausalLM.from_pretrained(tmp_path / "run" / "final")
     assert reloaded.config.gate_type == "headwise"
     # trained from scratch: the trainer's sampling defaults

@@ -16,14 +16,14 @@ Two runs with the same seed, data, data shards, global batch and architecture se
 same order, with weights initialised from the same seed, so arms that differ only in ``gate`` are a matched
 comparison, whatever the number of processes each ran on.
 
->>> from gated_qwen.tools.training import TrainingArguments, train
->>> train(TrainingArguments(train_file="corpus/train.jsonl", output_dir="runs/x", max_steps=100))  # doctest: +SKIP
+>>> from gated_qwen.tools.training import TrainRunArguments, train
+>>> train(TrainRunArguments(train_file="corpus/train.jsonl", output_dir="runs/x", max_steps=100))  # doctest: +SKIP
 {'steps': 100, ...}
 """
 
 from __future__ import annotations
 
-from ..training_args import TrainingArguments, TrainingError
+from ..training_args import TrainingArguments, TrainingError, TrainRunArguments
 from .checkpoints import latest_checkpoint, read_checkpoint
 from .data import (
     EOS_TOKEN,
@@ -63,6 +63,7 @@ __all__ = [
     "PackedBatches",
     "PackedRows",
     "QueryAndGateRows",
+    "TrainRunArguments",
     "TrainingArguments",
     "TrainingError",
     "build_config",

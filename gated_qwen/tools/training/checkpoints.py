@@ -14,7 +14,7 @@ import pickle
 from pathlib import Path
 
 from ...checkpoint.outputs import OutputError, OutputFolder, resolve_destination
-from ..training_args import RUN_DATA_KEYS, TrainingArguments, TrainingError
+from ..training_args import RUN_DATA_KEYS, TrainingError, TrainRunArguments
 
 
 RUN_STATE = "run_state.json"  # ours, written after Trainer's files: a checkpoint without it is unfinished
@@ -107,7 +107,7 @@ def read_checkpoint(checkpoint: str | Path) -> dict:
     return state
 
 
-def check_resume_matches(args: TrainingArguments, state: dict, num_processes: int, data_shards: int) -> None:
+def check_resume_matches(args: TrainRunArguments, state: dict, num_processes: int, data_shards: int) -> None:
     """A resumed run must read the same rows in the same order, start from the same model with the same
     parameters training, and take the same global batch, or its losses mean nothing.
 
@@ -116,7 +116,7 @@ def check_resume_matches(args: TrainingArguments, state: dict, num_processes: in
     batch would change the rows of every step and the token budget; it is refused, saying what to pass.
     """
     saved = state["args"]
-    defaults = {field.name: field.default for field in dataclasses.fields(TrainingArguments)}
+    defaults = {field.name: field.default for field in dataclasses.fields(TrainRunArguments)}
     for key in RUN_DATA_KEYS:
         used = saved.get(key, defaults.get(key))  # a key added since the run was saved had its default then
         if used != getattr(args, key):
@@ -156,7 +156,7 @@ def check_resume_matches(args: TrainingArguments, state: dict, num_processes: in
         )
 
 
-def output_folder(args: TrainingArguments, checkpoint: Path | None) -> OutputFolder:
+def output_folder(args: TrainRunArguments, checkpoint: Path | None) -> OutputFolder:
     """--out, checked before any work (nothing is written yet): the :class:`OutputFolder` of the run's first files.
 
     A new run needs an empty or missing --out (or --overwrite). A run resumed into the folder of the

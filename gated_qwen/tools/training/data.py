@@ -41,7 +41,7 @@ from pathlib import Path
 
 import torch
 
-from ..training_args import TrainingArguments, TrainingError
+from ..training_args import TrainingError, TrainRunArguments
 
 
 EOS_TOKEN = "<|endoftext|>"
@@ -89,14 +89,14 @@ def _bad_json_line(path: str) -> str | None:
     return None
 
 
-def load_documents(args: TrainingArguments, heldout: bool = False, streaming: bool | None = None):
+def load_documents(args: TrainRunArguments, heldout: bool = False, streaming: bool | None = None):
     """The documents of a run as a ``datasets`` data set (an ``IterableDataset`` when streamed).
 
     ``heldout`` opens ``args.heldout_file`` (or ``args.heldout_split`` of ``args.dataset``) instead of the
     training text; ``None`` when the run has none. Nothing is read but the files' headers (streaming) or
     the Arrow cache is built batch by batch (not streaming): the corpus is never held in memory.
 
-    >>> docs = load_documents(TrainingArguments(train_file="corpus/train.jsonl", output_dir="o", max_steps=1))  # doctest: +SKIP
+    >>> docs = load_documents(TrainRunArguments(train_file="corpus/train.jsonl", output_dir="o", max_steps=1))  # doctest: +SKIP
     >>> docs[0]["text"][:6]  # doctest: +SKIP
     'Record'
     """
@@ -152,7 +152,7 @@ def load_documents(args: TrainingArguments, heldout: bool = False, streaming: bo
     return documents.select_columns(["text"])
 
 
-def reading_error(args: TrainingArguments, error: Exception, heldout: bool = False) -> TrainingError:
+def reading_error(args: TrainRunArguments, error: Exception, heldout: bool = False) -> TrainingError:
     """The one-line error for a failure of datasets while reading the text (opening it, or streaming it later):
     the first line that is not a JSON object for JSON-lines files, the missing text field, else datasets' reason."""
     spec = args.heldout_file if heldout else args.train_file
@@ -358,7 +358,7 @@ class PackedRows(torch.utils.data.IterableDataset):
                     yield self.row_table(index)[position]["input_ids"]
 
 
-def read_heldout_rows(args: TrainingArguments, tokenizer) -> torch.Tensor | None:
+def read_heldout_rows(args: TrainRunArguments, tokenizer) -> torch.Tensor | None:
     """The first ``args.eval_rows`` rows of the held-out text, in order, packed as training packs: (N, seq_len).
 
     Streamed: only as many documents as those rows need are read.

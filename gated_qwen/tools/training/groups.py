@@ -149,9 +149,9 @@ def gate_parameter_groups(
 
 
 def parameter_groups(model, args) -> list[dict]:
-    """:func:`gate_parameter_groups` with the options of a :class:`~gated_qwen.tools.training_args.TrainingArguments`.
+    """:func:`gate_parameter_groups` with the options of a :class:`~gated_qwen.tools.training_args.TrainRunArguments`.
 
-    >>> groups = parameter_groups(model, TrainingArguments(train_file="t", output_dir="o", max_steps=1, trainable="gate"))  # doctest: +SKIP
+    >>> groups = parameter_groups(model, TrainRunArguments(train_file="t", output_dir="o", max_steps=1, trainable="gate"))  # doctest: +SKIP
     >>> [group["lr_scale"] for group in groups]  # doctest: +SKIP
     [1.0, 1.0]
     """

@@ -17,10 +17,10 @@ from ...errors import GatedQwenError
 from ...models.auto import causal_lm_class
 from ...models.qwen3_gated.configuration_qwen3_gated import Qwen3GatedConfig
 from ...models.qwen3_moe_gated.configuration_qwen3_moe_gated import Qwen3MoeGatedConfig
-from ..training_args import TRAINABLE, TrainingArguments, TrainingError
+from ..training_args import TRAINABLE, TrainingError, TrainRunArguments
 
 
-def _config_values(args: TrainingArguments) -> dict:
+def _config_values(args: TrainRunArguments) -> dict:
     """The keys of ``args.config`` (or none: the defaults) with the gate of ``args.gate``; ``model_type`` is kept,
     to say the family (:func:`_make_config` takes it out)."""
     values = {}
@@ -40,10 +40,25 @@ def _config_values(args: TrainingArguments) -> dict:
             raise TrainingError(f"unknown gate {args.gate!r}; expected one of {', '.join(GATE_TYPES)}")
         values["headwise_attn_output_gate"] = args.gate == "headwise"
         values["elementwise_attn_output_gate"] = args.gate == "elementwise"
+        values.update(gate_variant(args))
     return values
 
 
-def build_config(args: TrainingArguments, tokenizer) -> Qwen3GatedConfig | Qwen3MoeGatedConfig:
+GATE_VARIANT_KEYS = ("gate_position", "gate_shared_across_heads", "gate_activation", "gate_combination")
+RELEASED_GATE_VARIANT = {
+    "gate_position": "sdpa_output",
+    "gate_shared_across_heads": False,
+    "gate_activation": "sigmoid",
+    "gate_combination": "multiplicative",
+}
+
+
+def gate_variant(args: TrainRunArguments) -> dict:
+    """The config keys of the gate variant (``--gate-position`` and the rest), passed with ``--gate``'s type."""
+    return {key: getattr(args, key) for key in GATE_VARIANT_KEYS}
+
+
+def build_config(args: TrainRunArguments, tokenizer) -> Qwen3GatedConfig | Qwen3MoeGatedConfig:
     """The model config: ``args.config`` (or defaults), the gate of ``args.gate``, the tokenizer's vocabulary
     and special tokens, and room for ``seq_len`` positions. A config whose ``model_type`` is ``qwen3_moe`` or
     ``qwen3_moe_gated`` gives a :class:`Qwen3MoeGatedConfig`, any other a :class:`Qwen3GatedConfig`."""
@@ -58,7 +73,7 @@ def build_config(args: TrainingArguments, tokenizer) -> Qwen3GatedConfig | Qwen3
     return _make_config(args, values)
 
 
-def _make_config(args: TrainingArguments, values: dict) -> Qwen3GatedConfig | Qwen3MoeGatedConfig:
+def _make_config(args: TrainRunArguments, values: dict) -> Qwen3GatedConfig | Qwen3MoeGatedConfig:
     values = dict(values)
     config_class = causal_lm_class(values).config_class  # the family its model_type says
     values.pop("model_type", None)
@@ -70,10 +85,10 @@ def _make_config(args: TrainingArguments, values: dict) -> Qwen3GatedConfig | Qw
         raise TrainingError(f"config {args.config or '(defaults)'} is not a valid {family} config: {reason}") from None
 
 
-def check_arguments(args: TrainingArguments) -> None:
+def check_arguments(args: TrainRunArguments) -> None:
     """Refuse option combinations that cannot mean anything, before anything is read or written.
 
-    >>> check_arguments(TrainingArguments(train_file="t.jsonl", output_dir="o", max_steps=1, gate_init="random"))
+    >>> check_arguments(TrainRunArguments(train_file="t.jsonl", output_dir="o", max_steps=1, gate_init="random"))
     Traceback (most recent call last):
     ...
     gated_qwen.tools.training_args.TrainingError: --init says how --gate converts the --init-from checkpoint; give --init-from and --gate with it, or leave --init out
@@ -89,6 +104,17 @@ def check_arguments(args: TrainingArguments) -> None:
     if args.gate_init is not None and (args.init_from is None or args.gate is None):
         raise TrainingError(
             "--init says how --gate converts the --init-from checkpoint; give --init-from and --gate with it, or leave --init out"
+        )
+    if args.init_from is not None and gate_variant(args) != RELEASED_GATE_VARIANT:
+        raise TrainingError(
+            "--init-from converts a checkpoint to the released gate variant only (sdpa_output, per head, sigmoid, "
+            "multiplicative); leave --gate-position, --gate-shared-across-heads, --gate-activation and "
+            "--gate-combination at their defaults, or train from scratch"
+        )
+    if args.gate is None and gate_variant(args) != RELEASED_GATE_VARIANT:
+        raise TrainingError(
+            "the gate variant options (--gate-position, --gate-shared-across-heads, --gate-activation, "
+            "--gate-combination) apply to the gate of --gate; give --gate with them"
         )
     if args.init_from is None:
         for value, flag in ((args.init_from_subfolder, "--subfolder"), (args.init_from_revision, "--revision")):
@@ -114,7 +140,7 @@ def check_arguments(args: TrainingArguments) -> None:
         )
 
 
-def read_init_config(args: TrainingArguments) -> Qwen3GatedConfig | Qwen3MoeGatedConfig:
+def read_init_config(args: TrainRunArguments) -> Qwen3GatedConfig | Qwen3MoeGatedConfig:
     """The config of the model training will start from: ``args.init_from``'s, converted to ``args.gate``.
 
     A Qwen3-MoE or Qwen3MoeGated checkpoint gives a :class:`Qwen3MoeGatedConfig`, any other a
@@ -122,7 +148,7 @@ def read_init_config(args: TrainingArguments) -> Qwen3GatedConfig | Qwen3MoeGate
     (for a hub id, only it is downloaded). Refuses a gate conversion of a checkpoint that has a gate, and
     ``trainable="gate"`` or a ``gate_lr_scale`` for a model without one.
 
-    >>> read_init_config(TrainingArguments(train_file="t.jsonl", output_dir="o", max_steps=1,
+    >>> read_init_config(TrainRunArguments(train_file="t.jsonl", output_dir="o", max_steps=1,
     ...                                    init_from="gated_qwen/default_models/baseline", gate="headwise")).gate_type  # doctest: +SKIP
     'headwise'
     """
@@ -149,12 +175,12 @@ def read_init_config(args: TrainingArguments) -> Qwen3GatedConfig | Qwen3MoeGate
     return config
 
 
-def check_model_options(args: TrainingArguments) -> None:
+def check_model_options(args: TrainRunArguments) -> None:
     """Check the options against the model the run starts from, reading only configs: ``--init-from``'s config.json
     converted to ``--gate`` (:func:`read_init_config`), else ``--config`` with ``--gate``; the gate options need a
     model with a gate.
 
-    >>> check_model_options(TrainingArguments(train_file="t.jsonl", output_dir="o", max_steps=1, gate="none", gate_lr_scale=10))
+    >>> check_model_options(TrainRunArguments(train_file="t.jsonl", output_dir="o", max_steps=1, gate="none", gate_lr_scale=10))
     Traceback (most recent call last):
     ...
     gated_qwen.tools.training_args.TrainingError: the model has no gate, so --gate-lr-scale has nothing to scale; choose a gate with --gate, or leave --gate-lr-scale out
@@ -165,7 +191,7 @@ def check_model_options(args: TrainingArguments) -> None:
         _check_gate_options(args, _make_config(args, _config_values(args)).gate_type, "the model has no gate")
 
 
-def _check_gate_options(args: TrainingArguments, gate_type: str, no_gate: str) -> None:
+def _check_gate_options(args: TrainRunArguments, gate_type: str, no_gate: str) -> None:
     if gate_type != "none":
         return
     hint = "add --gate headwise or --gate elementwise to convert it" if args.init_from else "choose a gate with --gate"
@@ -177,7 +203,7 @@ def _check_gate_options(args: TrainingArguments, gate_type: str, no_gate: str) -
         )
 
 
-def _init_model_class(args: TrainingArguments) -> type:
+def _init_model_class(args: TrainRunArguments) -> type:
     """The causal-LM class that reads ``args.init_from`` (its config.json's ``model_type`` says the family)."""
     from ...checkpoint.sources import read_config_json
     from ..generation import local_checkpoint_folder
@@ -187,7 +213,7 @@ def _init_model_class(args: TrainingArguments) -> type:
     return causal_lm_class(read_config_json(args.init_from, args.init_from_subfolder, args.init_from_revision))
 
 
-def load_initial_model(args: TrainingArguments):
+def load_initial_model(args: TrainRunArguments):
     """The model of ``args.init_from`` in float32, converted to ``args.gate`` when that is given.
 
     Any Qwen3 or Qwen3Gated checkpoint loads (a released arm, a stock Qwen3, one saved here) through
@@ -198,7 +224,7 @@ def load_initial_model(args: TrainingArguments):
     (:func:`gated_qwen.transforms.conversion.convert_qwen3_to_gated`) draws a random gate init right after
     ``torch.manual_seed(args.seed)``, so the same seed gives the same model again.
 
-    >>> model = load_initial_model(TrainingArguments(train_file="t.jsonl", output_dir="o", max_steps=1,
+    >>> model = load_initial_model(TrainRunArguments(train_file="t.jsonl", output_dir="o", max_steps=1,
     ...                            init_from="gated_qwen/default_models/baseline", gate="headwise"))  # doctest: +SKIP
     >>> model.config.gate_type  # doctest: +SKIP
     'headwise'

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import math
+import statistics
 from pathlib import Path
 
 import torch
@@ -13,6 +14,38 @@ from ...errors import GatedQwenError
 
 
 LOG_FIELDS = ("step", "tokens", "lr", "train_loss", "heldout_loss", "heldout_ppl", "tokens_per_s", "elapsed_s")
+
+# A logged training loss is a spike when it exceeds SPIKE_FACTOR x the median of the SPIKE_WINDOW losses logged
+# before it, once at least SPIKE_MIN_HISTORY are there (docs/training.md, "Loss spikes").
+SPIKE_FACTOR = 1.5
+SPIKE_WINDOW = 50
+SPIKE_MIN_HISTORY = 10
+
+
+class LossSpikes:
+    """Counts the loss spikes of a run, fed one logged training loss at a time (:meth:`add`).
+
+    >>> spikes = LossSpikes()
+    >>> [spikes.add(step, 2.0) for step in range(1, 11)] == [False] * 10
+    True
+    >>> spikes.add(11, 3.5), spikes.add(12, 2.9), spikes.steps
+    (True, False, [11])
+    """
+
+    def __init__(self, history: list[float] | None = None, steps: list[int] | None = None):
+        self.history = list(history or [])[-SPIKE_WINDOW:]
+        self.steps = list(steps or [])
+
+    def add(self, step: int, loss: float) -> bool:
+        """Record ``loss`` logged at ``step``; whether it is a spike against the losses before it."""
+        spike = len(self.history) >= SPIKE_MIN_HISTORY and loss > SPIKE_FACTOR * statistics.median(self.history)
+        if spike:
+            self.steps.append(step)
+        self.history = [*self.history, loss][-SPIKE_WINDOW:]
+        return spike
+
+    def summary(self) -> dict:
+        return {"loss_spikes": len(self.steps), "loss_spike_steps": list(self.steps)}
 
 
 @torch.no_grad()
@@ -107,4 +140,15 @@ def truncate_log(log_path: Path, step: int) -> None:
         writer.writerows(r for r in rows if int(r["step"]) <= step)
 
 
-__all__ = ["LOG_FIELDS", "append_log_row", "evaluate", "plot_losses", "truncate_log", "unigram_perplexity"]
+__all__ = [
+    "LOG_FIELDS",
+    "SPIKE_FACTOR",
+    "SPIKE_MIN_HISTORY",
+    "SPIKE_WINDOW",
+    "LossSpikes",
+    "append_log_row",
+    "evaluate",
+    "plot_losses",
+    "truncate_log",
+    "unigram_perplexity",
+]

@@ -26,7 +26,7 @@ from transformers.utils import logging
 
 from ...checkpoint.outputs import OutputFolder, write_text
 from ...errors import GatedQwenError
-from ..training_args import DEFAULT_VOCAB_SIZE, TrainingArguments, TrainingError
+from ..training_args import DEFAULT_VOCAB_SIZE, TrainingError, TrainRunArguments
 from . import checkpoints as ckpt
 from .data import (
     PackedRows,
@@ -37,7 +37,7 @@ from .data import (
 )
 from .groups import merge_gate_rows, parameter_groups
 from .model_init import build_config, check_arguments, check_model_options, load_initial_model
-from .reporting import append_log_row, evaluate, plot_losses, truncate_log
+from .reporting import LossSpikes, append_log_row, evaluate, plot_losses, truncate_log
 
 
 logger = logging.get_logger(__name__)
@@ -144,7 +144,7 @@ class RunCallback(TrainerCallback):
 
     def __init__(
         self,
-        args: TrainingArguments,
+        args: TrainRunArguments,
         heldout,
         out: Path,
         num_processes: int,
@@ -158,6 +158,10 @@ class RunCallback(TrainerCallback):
         self.last_eval = state.get("heldout") if state else None
         self.elapsed_before = state["elapsed_s"] if state else 0.0
         self.resumed = state is not None
+        # older checkpoints have no loss history: their spikes are counted from the resumed step on
+        self.spikes = LossSpikes(
+            state.get("loss_history") if state else None, state.get("loss_spike_steps") if state else None
+        )
         self.start = self.window_start = time.perf_counter()
         self.window_steps = 0
         self.pending_eval = None
@@ -201,6 +205,7 @@ class RunCallback(TrainerCallback):
             return
         step = state.global_step
         self.train_loss = logs["loss"]
+        self.spikes.add(step, self.train_loss)
         now = time.perf_counter()
         seconds = now - self.window_start - (self.eval_seconds if self.pending_eval is not None else 0.0)
         tokens_per_s = self.window_steps * self.args.tokens_per_step(self.num_processes) / max(seconds, 1e-9)
@@ -236,6 +241,8 @@ class RunCallback(TrainerCallback):
             "num_processes": self.num_processes,
             "rows_per_step": self.args.rows_per_step(self.num_processes),
             "data_shards": self.data_shards,
+            "loss_history": self.spikes.history,
+            "loss_spike_steps": self.spikes.steps,
             "args": dataclasses.asdict(self.args),
         }
 
@@ -245,7 +252,7 @@ class RunCallback(TrainerCallback):
             write_text(folder / ckpt.RUN_STATE, json.dumps(self.run_state(state.global_step), indent=2) + "\n")
 
 
-def _precision(args: TrainingArguments) -> bool:
+def _precision(args: TrainRunArguments) -> bool:
     """Whether Trainer trains in bf16 (autocast): ``auto`` takes it on a GPU that has it."""
     if args.precision == "auto":
         # CPU bf16 autocast exists but is slower than fp32 on most CPUs without AMX, and less exact.
@@ -255,7 +262,7 @@ def _precision(args: TrainingArguments) -> bool:
     return args.precision == "bf16"
 
 
-def check_scaling_options(args: TrainingArguments, num_processes: int) -> int:
+def check_scaling_options(args: TrainRunArguments, num_processes: int) -> int:
     """The data shards of the run, after refusing scaling options that cannot work here."""
     if args.fsdp and not torch.cuda.is_available():
         raise TrainingError(
@@ -286,10 +293,10 @@ def check_scaling_options(args: TrainingArguments, num_processes: int) -> int:
     return shards
 
 
-def describe_scale(args: TrainingArguments, num_processes: int, data_shards: int) -> str:
+def describe_scale(args: TrainRunArguments, num_processes: int, data_shards: int) -> str:
     """The line a run starts with: its process count, global batch and data shards.
 
-    >>> describe_scale(TrainingArguments(train_file="t.jsonl", output_dir="o", max_steps=1, batch_size=4), 2, 1)
+    >>> describe_scale(TrainRunArguments(train_file="t.jsonl", output_dir="o", max_steps=1, batch_size=4), 2, 1)
     'training on 2 processes, global batch 8 rows (per process 4 x accumulation 1 x 2 processes), 1 data shard'
     """
     plural = "process" if num_processes == 1 else "processes"
@@ -301,7 +308,7 @@ def describe_scale(args: TrainingArguments, num_processes: int, data_shards: int
     )
 
 
-def _hf_arguments(args: TrainingArguments, total_steps: int, num_processes: int):
+def _hf_arguments(args: TrainRunArguments, total_steps: int, num_processes: int):
     from transformers import TrainingArguments as HFTrainingArguments
 
     # transformers after 5.19 calls it activation_checkpointing (gradient_checkpointing stays a deprecated alias until
@@ -358,7 +365,7 @@ def _hf_arguments(args: TrainingArguments, total_steps: int, num_processes: int)
     )
 
 
-def _make_tokenizer(args: TrainingArguments, documents, is_main: bool, num_processes: int):
+def _make_tokenizer(args: TrainRunArguments, documents, is_main: bool, num_processes: int):
     """A BPE trained on the training text by the main process only, shared with the others as its JSON."""
     from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
@@ -377,29 +384,30 @@ def _make_tokenizer(args: TrainingArguments, documents, is_main: bool, num_proce
     )
 
 
-def train(args: TrainingArguments, resume: str | Path | None = None) -> dict:
-    """Train (or, with ``resume``, continue) a model as ``args`` says on transformers' Trainer; returns a summary dict.
+@dataclasses.dataclass
+class _Run:
+    """What :func:`train` settles before reading any data: processes, shards, the checkpoint resumed, the budget."""
 
-    The model is new (``args.config``, a tokenizer trained on the text or ``args.tokenizer``) or, with
-    ``args.init_from``, a checkpoint's, with its tokenizer (:func:`.model_init.load_initial_model`); which of
-    its parameters train, and at which rate, says :func:`.groups.parameter_groups`. Launched under
-    ``torchrun`` or ``accelerate launch``, every process trains its share of each global batch
-    (``batch_size`` rows per process). Every check on the options, the data and the checkpoint comes
-    before the output folder is touched.
+    num_processes: int
+    data_shards: int
+    checkpoint: Path | None
+    state: dict | None
+    total_steps: int
+    hf_args: object  # transformers' TrainRunArguments
+    output: OutputFolder
+    out: Path
 
-    ``resume`` is a checkpoint folder or an output folder (its latest finished checkpoint is taken); the
-    run continues at the saved step with the saved optimizer, scheduler and RNG state, at the same data
-    position, so the losses equal those of an uninterrupted run.
+    @property
+    def step(self) -> int:
+        return self.state["step"] if self.state else 0
 
-    >>> train(TrainingArguments(train_file="train.jsonl", output_dir="runs/x", max_steps=100))  # doctest: +SKIP
-    {'steps': 100, 'tokens': 409600, ...}
-    """
-    from transformers import AutoTokenizer, GenerationConfig
-    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+    @property
+    def is_main(self) -> bool:
+        return self.hf_args.process_index == 0
 
-    from ...models.auto import causal_lm_class
-    from ..generation import load_tokenizer
 
+def _resolve_run(args: TrainRunArguments, resume: str | Path | None) -> _Run:
+    """Every check on the options and the resumed checkpoint, made before any data or weight is read."""
     if args.threads:
         torch.set_num_threads(args.threads)
     num_processes = int(os.environ.get("WORLD_SIZE", "1"))
@@ -416,39 +424,42 @@ def train(args: TrainingArguments, resume: str | Path | None = None) -> dict:
         raise TrainingError(
             f"WORLD_SIZE says {num_processes} processes but {hf_args.world_size} joined; launch with torchrun or accelerate launch"
         )
-    rank, is_main = hf_args.process_index, hf_args.process_index == 0
-    # --out is checked now (by every process) and written only once every input has been read and checked (below).
+    # --out is checked now (by every process) and written only once every input has been read and checked.
     output = ckpt.output_folder(args, checkpoint)
-    out = Path(args.output_dir)
+    run = _Run(num_processes, data_shards, checkpoint, state, total_steps, hf_args, output, Path(args.output_dir))
+    if run.step > total_steps:
+        raise TrainingError(f"{checkpoint} is at step {run.step}, past this run's {total_steps} steps")
+    return run
 
-    with hf_args.main_process_first(desc="reading the training data"):  # the Arrow cache is built once
-        documents = load_documents(args)
-    initial_model = None
-    if args.tokenizer or checkpoint is not None:
-        source = args.tokenizer or checkpoint
+
+def _load_run_tokenizer(args: TrainRunArguments, run: _Run):
+    """The resumed checkpoint's tokenizer, ``--tokenizer``, ``--init-from``'s, or a BPE trained on the text."""
+    from transformers import AutoTokenizer
+
+    from ..generation import load_tokenizer
+
+    if args.tokenizer or run.checkpoint is not None:
+        source = args.tokenizer or run.checkpoint
         try:
-            tokenizer = AutoTokenizer.from_pretrained(str(source))
+            return AutoTokenizer.from_pretrained(str(source))
         except Exception as error:  # a damaged tokenizer.json raises the tokenizers library's own errors
             raise TrainingError(
                 f"cannot load the tokenizer in {source} ({ckpt._first_sentence(error)}); it is damaged or not a tokenizer folder"
             ) from None
-    elif args.init_from:
-        # --init-from keeps the model's own tokenizer: there is no "elsewhere" to point to
-        tokenizer = load_tokenizer(args.init_from, args.init_from_subfolder, args.init_from_revision, elsewhere=None)
-    else:
-        tokenizer = _make_tokenizer(args, load_documents(args, streaming=True), is_main, num_processes)
     if args.init_from:
-        initial_model = load_initial_model(args)
-        if len(tokenizer) > initial_model.config.vocab_size:
-            raise TrainingError(
-                f"the tokenizer of {args.init_from} has {len(tokenizer)} tokens but its model's vocab_size is "
-                f"{initial_model.config.vocab_size}: it is not this model's tokenizer"
-            )
-    rows = PackedRows(
-        documents, tokenizer, args.seq_len, data_shards, rank, num_processes, args.seed, args.shuffle_buffer
-    )
+        # --init-from keeps the model's own tokenizer: there is no "elsewhere" to point to
+        return load_tokenizer(args.init_from, args.init_from_subfolder, args.init_from_revision, elsewhere=None)
+    return _make_tokenizer(args, load_documents(args, streaming=True), run.is_main, run.num_processes)
+
+
+def _read_rows(args: TrainRunArguments, run: _Run, documents, tokenizer):
+    """The training rows of this process (checked by reading the first ones) and the held-out rows."""
     from .data import reading_error
 
+    rank = run.hf_args.process_index
+    rows = PackedRows(
+        documents, tokenizer, args.seq_len, run.data_shards, rank, run.num_processes, args.seed, args.shuffle_buffer
+    )
     try:
         rows.check()
         heldout = read_heldout_rows(args, tokenizer)
@@ -456,76 +467,106 @@ def train(args: TrainingArguments, resume: str | Path | None = None) -> dict:
         raise
     except Exception as error:  # datasets' and pyarrow's parse errors, met while streaming the first rows
         raise reading_error(args, error) from None
+    return rows, heldout
+
+
+def _initial_model(args: TrainRunArguments, tokenizer):
+    """The ``--init-from`` model (checked against its tokenizer), or None to build one from a config."""
+    if not args.init_from:
+        return None
+    model = load_initial_model(args)
+    if len(tokenizer) > model.config.vocab_size:
+        raise TrainingError(
+            f"the tokenizer of {args.init_from} has {len(tokenizer)} tokens but its model's vocab_size is "
+            f"{model.config.vocab_size}: it is not this model's tokenizer"
+        )
+    return model
+
+
+def _build_model(args: TrainRunArguments, tokenizer, initial_model):
+    """The model to train: ``initial_model``, or a new one from the config (seeded)."""
+    from ...models.auto import causal_lm_class
 
     if initial_model is None:
         config = build_config(args, tokenizer)
         torch.manual_seed(args.seed)
-        model = causal_lm_class({"model_type": config.model_type})(config)  # Qwen3Gated or Qwen3MoeGated
-    else:
-        model, config = initial_model, initial_model.config
-        if args.seq_len > config.max_position_embeddings:
-            logger.warning(
-                f"--seq-len {args.seq_len} is longer than {args.init_from}'s max_position_embeddings "
-                f"({config.max_position_embeddings}): the model trains on positions it has not seen"
-            )
-    groups = parameter_groups(model, args)  # before Trainer loads a checkpoint into the model: the gate rows apart
-    names = {id(p): _plain_name(name) for name, p in model.named_parameters()}
-    named_groups = [
-        {**{k: v for k, v in g.items() if k != "params"}, "names": [names[id(p)] for p in g["params"]]} for g in groups
-    ]
-    parameters = sum(p.numel() for p in model.parameters())
-    trainable_parameters = sum(p.numel() for group in groups for p in group["params"])
+        return causal_lm_class({"model_type": config.model_type})(config)  # Qwen3Gated or Qwen3MoeGated
+    config = initial_model.config
+    if args.seq_len > config.max_position_embeddings:
+        logger.warning(
+            f"--seq-len {args.seq_len} is longer than {args.init_from}'s max_position_embeddings "
+            f"({config.max_position_embeddings}): the model trains on positions it has not seen"
+        )
+    return initial_model
 
-    step = state["step"] if state else 0
-    if step > total_steps:
-        raise TrainingError(f"{checkpoint} is at step {step}, past this run's {total_steps} steps")
-    summary_path = out / "summary.json"
-    if checkpoint is not None and step == total_steps and summary_path.is_file():
-        # A finished run: nothing to train, and its results stay as they are.
-        try:
-            summary = json.loads(summary_path.read_text())
-        except (OSError, ValueError):
-            summary = None
-        if isinstance(summary, dict) and summary.get("steps") == step:
-            logger.warning(
-                f"{out} already finished its {total_steps} steps; nothing to do (its results: {summary_path})"
-            )
-            return summary
 
-    # Every input has been read and checked: from here on the run writes.
-    hf_args.distributed_state.wait_for_everyone()  # every process has checked --out before it is written
-    if is_main:
-        with output as staging:
+def _finished_summary(run: _Run) -> dict | None:
+    """The summary of a run that already finished its steps (nothing to train, its results stay), else None."""
+    summary_path = run.out / "summary.json"
+    if run.checkpoint is None or run.step != run.total_steps or not summary_path.is_file():
+        return None
+    try:
+        summary = json.loads(summary_path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not (isinstance(summary, dict) and summary.get("steps") == run.step):
+        return None
+    logger.warning(
+        f"{run.out} already finished its {run.total_steps} steps; nothing to do (its results: {summary_path})"
+    )
+    return summary
+
+
+def _start_writing(args: TrainRunArguments, run: _Run, tokenizer) -> None:
+    """Every input has been read and checked: the tokenizer and train_args.json go into --out, log.csv is cut."""
+    run.hf_args.distributed_state.wait_for_everyone()  # every process has checked --out before it is written
+    if run.is_main:
+        with run.output as staging:
             tokenizer.save_pretrained(staging / "tokenizer")
             (staging / "train_args.json").write_text(json.dumps(dataclasses.asdict(args), indent=2) + "\n")
-        truncate_log(out / "log.csv", step)
-    hf_args.distributed_state.wait_for_everyone()
-    if is_main:
-        print(describe_scale(args, num_processes, data_shards), file=sys.stderr, flush=True)
-    if args.init_from or args.trainable != "all":
-        logger.info(f"training {trainable_parameters:,} of {parameters:,} parameters")
+        truncate_log(run.out / "log.csv", run.step)
+    run.hf_args.distributed_state.wait_for_everyone()
+    if run.is_main:
+        print(describe_scale(args, run.num_processes, run.data_shards), file=sys.stderr, flush=True)
 
-    callback = RunCallback(args, heldout, out, num_processes, data_shards, is_main, state)
-    trainer = GatedTrainer(
-        model=model,
-        args=hf_args,
-        train_dataset=rows,
-        processing_class=tokenizer,
-        parameter_groups=named_groups,
-        adam_betas=args.adam_betas,
-        callbacks=[callback],
-    )
-    trainer.remove_callback(PrinterCallback)
-    if not args.progress:
-        trainer.remove_callback(ProgressCallback)
-    if checkpoint is not None and step == total_steps:
-        # killed after its last checkpoint: nothing left to train (Trainer would take one more step)
-        trainer._load_from_checkpoint(str(checkpoint))
+
+def _named_groups(groups: list[dict], model) -> list[dict]:
+    """``groups`` with their parameters named (``"names"``), for :class:`GatedTrainer`."""
+    names = {id(p): _plain_name(name) for name, p in model.named_parameters()}
+    return [
+        {**{k: v for k, v in g.items() if k != "params"}, "names": [names[id(p)] for p in g["params"]]} for g in groups
+    ]
+
+
+def _load_weights(trainer: GatedTrainer, checkpoint: Path) -> None:
+    """The model weights of ``checkpoint`` into ``trainer.model``, as Trainer's resume loads them (not strict: tied
+    weights are saved once), through public functions; FSDP and DeepSpeed checkpoints only Trainer reads."""
+    from transformers.trainer_utils import load_sharded_checkpoint
+
+    if trainer.is_fsdp_enabled or trainer.is_deepspeed_enabled:
+        trainer._load_from_checkpoint(str(checkpoint))  # their sharded formats: no public reader
+        return
+    weights = checkpoint / "model.safetensors"
+    if weights.is_file():
+        from safetensors.torch import load_file
+
+        trainer.model.load_state_dict(load_file(weights, device="cpu"), strict=False)
     else:
-        trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint is not None else None)
-        step = trainer.state.global_step
+        load_sharded_checkpoint(trainer.model, str(checkpoint), strict=False)
 
-    final = out / "final"
+
+def _run_trainer(run: _Run, trainer: GatedTrainer) -> int:
+    """Train to the end (or, killed after its last checkpoint, only load it); the step reached."""
+    if run.checkpoint is not None and run.step == run.total_steps:
+        # killed after its last checkpoint: nothing left to train (Trainer would take one more step)
+        _load_weights(trainer, Path(run.checkpoint))
+        return run.step
+    trainer.train(resume_from_checkpoint=str(run.checkpoint) if run.checkpoint is not None else None)
+    return trainer.state.global_step
+
+
+def _final_state(trainer: GatedTrainer, out: Path):
+    """The model to save as final/ and its state dict (None: the model's own)."""
     if trainer.is_fsdp_enabled:
         # FSDP leaves each process its shard of every tensor (saving trainer.model as it is fails: "invalid python
         # storage", seen on a GPU): gather the whole state dict as Trainer.save_model does (a collective, so on every
@@ -537,11 +578,17 @@ def train(args: TrainingArguments, resume: str | Path | None = None) -> dict:
                 f"final/ needs the whole model, which FSDP gathers only with state_dict_type FULL_STATE_DICT (the "
                 f"--fsdp-config says {state_dict_type}); the checkpoints in {out} hold the trained weights"
             )
-        state_dict = trainer.accelerator.get_state_dict(trainer.model)
-        model = trainer.accelerator.unwrap_model(trainer.model)
-    else:
-        state_dict, model = None, trainer.model
-        merge_gate_rows(model)  # final/ holds the plain q_proj a checkpoint has
+        return trainer.accelerator.unwrap_model(trainer.model), trainer.accelerator.get_state_dict(trainer.model)
+    merge_gate_rows(trainer.model)  # final/ holds the plain q_proj a checkpoint has
+    return trainer.model, None
+
+
+def _save_final(args: TrainRunArguments, trainer: GatedTrainer, tokenizer, out: Path, is_main: bool) -> Path:
+    """``final/``: the trained model, its tokenizer and (trained from scratch) our generation config."""
+    from transformers import GenerationConfig
+
+    final = out / "final"
+    model, state_dict = _final_state(trainer, out)
     if is_main:
         with OutputFolder(final, overwrite=True) as staging:
             model.save_pretrained(staging, safe_serialization=True, state_dict=state_dict)
@@ -557,27 +604,87 @@ def train(args: TrainingArguments, resume: str | Path | None = None) -> dict:
                     top_k=50,
                     max_new_tokens=64,
                 ).save_pretrained(staging)
+    return final
+
+
+def _write_summary(summary: dict, out: Path, is_main: bool) -> None:
+    if is_main:
+        write_text(out / "summary.json", json.dumps(summary, indent=2) + "\n")
+        try:
+            plot_losses(out / "log.csv", out / "loss.png")
+        except GatedQwenError as error:
+            logger.warning(f"{error}; the losses are in {out / 'log.csv'}")
+
+
+def train(args: TrainRunArguments, resume: str | Path | None = None) -> dict:
+    """Train (or, with ``resume``, continue) a model as ``args`` says on transformers' Trainer; returns a summary dict.
+
+    The model is new (``args.config``, a tokenizer trained on the text or ``args.tokenizer``) or, with
+    ``args.init_from``, a checkpoint's, with its tokenizer (:func:`.model_init.load_initial_model`); which of
+    its parameters train, and at which rate, says :func:`.groups.parameter_groups`. Launched under
+    ``torchrun`` or ``accelerate launch``, every process trains its share of each global batch
+    (``batch_size`` rows per process). Every check on the options, the data and the checkpoint comes
+    before the output folder is touched.
+
+    ``resume`` is a checkpoint folder or an output folder (its latest finished checkpoint is taken); the
+    run continues at the saved step with the saved optimizer, scheduler and RNG state, at the same data
+    position, so the losses equal those of an uninterrupted run. The summary counts the loss spikes
+    (:class:`.reporting.LossSpikes`: ``loss_spikes``, ``loss_spike_steps``).
+
+    >>> train(TrainRunArguments(train_file="train.jsonl", output_dir="runs/x", max_steps=100))  # doctest: +SKIP
+    {'steps': 100, 'tokens': 409600, ...}
+    """
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    run = _resolve_run(args, resume)
+    with run.hf_args.main_process_first(desc="reading the training data"):  # the Arrow cache is built once
+        documents = load_documents(args)
+    tokenizer = _load_run_tokenizer(args, run)
+    initial_model = _initial_model(args, tokenizer)
+    rows, heldout = _read_rows(args, run, documents, tokenizer)
+    model = _build_model(args, tokenizer, initial_model)
+    groups = parameter_groups(model, args)  # before Trainer loads a checkpoint into the model: the gate rows apart
+    parameters = sum(p.numel() for p in model.parameters())
+    trainable_parameters = sum(p.numel() for group in groups for p in group["params"])
+    finished = _finished_summary(run)
+    if finished is not None:
+        return finished
+
+    _start_writing(args, run, tokenizer)
+    if args.init_from or args.trainable != "all":
+        logger.info(f"training {trainable_parameters:,} of {parameters:,} parameters")
+    callback = RunCallback(args, heldout, run.out, run.num_processes, run.data_shards, run.is_main, run.state)
+    trainer = GatedTrainer(
+        model=model,
+        args=run.hf_args,
+        train_dataset=rows,
+        processing_class=tokenizer,
+        parameter_groups=_named_groups(groups, model),
+        adam_betas=args.adam_betas,
+        callbacks=[callback],
+    )
+    trainer.remove_callback(PrinterCallback)
+    if not args.progress:
+        trainer.remove_callback(ProgressCallback)
+    step = _run_trainer(run, trainer)
+    final = _save_final(args, trainer, tokenizer, run.out, run.is_main)
     summary = {
         "steps": step,
         "tokens": callback.tokens(step),
         "parameters": parameters,
         "trainable_parameters": trainable_parameters,
         "init_from": args.init_from,
-        "gate": config.gate_type,
-        "num_processes": num_processes,
-        "rows_per_step": args.rows_per_step(num_processes),
+        "gate": model.config.gate_type,
+        "num_processes": run.num_processes,
+        "rows_per_step": args.rows_per_step(run.num_processes),
         "elapsed_s": round(callback.elapsed, 1),
         "final_train_loss": callback.train_loss,
         "heldout": callback.last_eval,
+        **callback.spikes.summary(),
         "model": str(final),
     }
-    if is_main:
-        write_text(summary_path, json.dumps(summary, indent=2) + "\n")
-        try:
-            plot_losses(out / "log.csv", out / "loss.png")
-        except GatedQwenError as error:
-            logger.warning(f"{error}; the losses are in {out / 'log.csv'}")
-    hf_args.distributed_state.wait_for_everyone()
+    _write_summary(summary, run.out, run.is_main)
+    run.hf_args.distributed_state.wait_for_everyone()
     return summary
 
 

@@ -1,0 +1,136 @@
+"""The train command's options: defined once (TrainRunArguments), every old flag still accepted; the gate
+variant options reaching the config; the loss-spike detector and the summary keys it fills."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from gated_qwen.cli import build_parser
+from gated_qwen.cli.train import run_arguments
+from gated_qwen.tools.training.reporting import SPIKE_FACTOR, SPIKE_MIN_HISTORY, SPIKE_WINDOW, LossSpikes
+from gated_qwen.tools.training_args import RUN_DATA_KEYS, TrainingArguments, TrainRunArguments
+
+
+def parse(*argv):
+    return run_arguments(build_parser().parse_args(["train", *argv]))
+
+
+def test_old_flags_are_aliases_of_the_field_names():
+    old = parse(
+        "--train-file", "t.jsonl", "--out", "o", "--max-steps", "3", "--lr", "0.5", "--init-from", "ckpt",
+        "--subfolder", "sub", "--revision", "main", "--init", "random", "--gate", "headwise", "--no-progress",
+        "--bf16",
+    )  # fmt: skip
+    new = parse(
+        "--train-file", "t.jsonl", "--output-dir", "o", "--max-steps", "3", "--learning-rate", "0.5",
+        "--init-from", "ckpt", "--init-from-subfolder", "sub", "--init-from-revision", "main", "--gate-init",
+        "random", "--gate", "headwise", "--no-progress", "--precision", "bf16",
+    )  # fmt: skip
+    assert old == new
+    assert (old.output_dir, old.learning_rate, old.init_from_subfolder, old.init_from_revision) == (
+        "o",
+        0.5,
+        "sub",
+        "main",
+    )
+    assert (old.gate_init, old.progress, old.precision) == ("random", False, "bf16")
+
+
+def test_defaults_are_the_dataclass_defaults():
+    parsed = parse("--dataset", "d", "--out", "o", "--max-tokens", "100")
+    assert parsed == TrainRunArguments(train_file=None, dataset="d", output_dir="o", max_tokens=100)
+    assert TrainingArguments is TrainRunArguments  # the old name, for scripts
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--out", "o", "--max-steps", "1"],  # no data
+        ["--train-file", "t", "--dataset", "d", "--out", "o", "--max-steps", "1"],  # both
+        ["--train-file", "t", "--max-steps", "1"],  # no --out
+        ["--train-file", "t", "--out", "o"],  # no budget
+        ["--train-file", "t", "--out", "o", "--max-steps", "1", "--gate-position", "nowhere"],
+    ],
+)
+def test_bad_command_lines_are_one_line(argv, capsys):
+    with pytest.raises(SystemExit) as exit:
+        build_parser().parse_args(["train", *argv])
+    assert exit.value.code == 2 and len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_bounds_are_checked():
+    with pytest.raises(Exception, match="--seq-len must be at least 1, not 0"):
+        parse("--train-file", "t", "--out", "o", "--max-steps", "1", "--seq-len", "0")
+
+
+def test_old_train_args_json_loads():
+    fields = {field.name for field in dataclasses.fields(TrainRunArguments)}
+    old = json.loads(json.dumps(dataclasses.asdict(TrainRunArguments("t", "o", max_steps=1))))
+    for key in ("gate_position", "gate_shared_across_heads", "gate_activation", "gate_combination"):
+        old.pop(key)  # a run saved before the gate variant options
+    assert set(old) <= fields
+    assert TrainRunArguments(**old).gate_position == "sdpa_output"
+
+
+def test_gate_variant_reaches_the_config(monkeypatch):
+    from gated_qwen.tools.training import model_init
+
+    args = parse(
+        "--train-file", "t", "--out", "o", "--max-steps", "1", "--gate", "headwise", "--gate-position", "value",
+        "--gate-shared-across-heads", "--gate-activation", "silu", "--gate-combination", "additive",
+    )  # fmt: skip
+    assert {"gate_position", "gate_shared_across_heads", "gate_activation", "gate_combination"} <= set(RUN_DATA_KEYS)
+    seen = {}
+
+    class Config:
+        def __init__(self, **values):
+            seen.update(values)
+
+    monkeypatch.setattr(model_init, "causal_lm_class", lambda values: type("Model", (), {"config_class": Config}))
+    model_init._make_config(args, model_init._config_values(args))
+    assert seen["headwise_attn_output_gate"] is True
+    assert {key: seen[key] for key in model_init.GATE_VARIANT_KEYS} == {
+        "gate_position": "value",
+        "gate_shared_across_heads": True,
+        "gate_activation": "silu",
+        "gate_combination": "additive",
+    }
+
+
+def test_gate_variant_needs_gate_and_no_init_from():
+    from gated_qwen.tools.training import TrainingError
+    from gated_qwen.tools.training.model_init import check_arguments
+
+    with pytest.raises(TrainingError, match="give --gate with them"):
+        check_arguments(TrainRunArguments("t", "o", max_steps=1, gate_activation="silu"))
+    with pytest.raises(TrainingError, match="released gate variant only"):
+        check_arguments(TrainRunArguments("t", "o", max_steps=1, init_from="x", gate="headwise", gate_position="key"))
+    check_arguments(TrainRunArguments("t", "o", max_steps=1, gate="headwise", gate_position="key"))
+
+
+def test_loss_spikes():
+    assert (SPIKE_FACTOR, SPIKE_WINDOW, SPIKE_MIN_HISTORY) == (1.5, 50, 10)
+    smooth = [3.0 - 0.01 * i for i in range(100)]
+    detector = LossSpikes()
+    assert not any(detector.add(step, loss) for step, loss in enumerate(smooth, 1))
+    assert detector.summary() == {"loss_spikes": 0, "loss_spike_steps": []}
+
+    losses = [2.0] * 60
+    losses[4] = 10.0  # before 10 losses are known: not counted
+    losses[30] = 3.1  # 1.55 x the median 2.0
+    losses[40] = 2.9  # 1.45 x: not a spike
+    losses[55] = 6.0
+    detector = LossSpikes()
+    flags = [detector.add(step, loss) for step, loss in enumerate(losses, 1)]
+    assert detector.steps == [31, 56] and flags.count(True) == 2
+    assert detector.summary() == {"loss_spikes": 2, "loss_spike_steps": [31, 56]}
+    assert len(detector.history) == SPIKE_WINDOW
+
+    # resumed with its history, it counts as if it had not stopped
+    resumed = LossSpikes(losses[:50], [31])
+    for step, loss in enumerate(losses[50:], 51):
+        resumed.add(step, loss)
+    assert resumed.steps == [31, 56]
