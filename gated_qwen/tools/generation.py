@@ -7,10 +7,13 @@ line needs around them: device, dtype and attention checked up front with one cl
 tokenizer files checked before transformers would quietly build an empty tokenizer, prompts run
 as left-padded batches, and one record per prompt.
 
->>> model, tokenizer = load_model_and_tokenizer("path/to/checkpoint")  # doctest: +SKIP
->>> config = build_generation_config(model, tokenizer, max_new_tokens=20)  # doctest: +SKIP
->>> [c.completion for c in generate(model, tokenizer, ["def add(a, b):"], config)]  # doctest: +SKIP
-['\\n    return a + b\\n']
+>>> from pathlib import Path
+>>> import gated_qwen
+>>> arm = Path(gated_qwen.__file__).parent / "default_models" / "headwise"  # the embedded 4.2M model
+>>> model, tokenizer = load_model_and_tokenizer(str(arm), device="cpu")
+>>> config = build_generation_config(model, tokenizer, max_new_tokens=20)
+>>> [(c.prompt, 0 < c.new_tokens <= 20) for c in generate(model, tokenizer, ["def add(a, b):"], config)]
+[('def add(a, b):', True)]
 """
 
 from __future__ import annotations
@@ -171,7 +174,12 @@ def load_model_and_tokenizer(
     Device, dtype, attention and the model's folder are checked first and the tokenizer is loaded
     next, so a problem with any of them is reported before the weights are read.
 
-    >>> model, tokenizer = load_model_and_tokenizer("path/to/checkpoint", device="cpu")  # doctest: +SKIP
+    >>> from pathlib import Path
+    >>> import gated_qwen
+    >>> arm = Path(gated_qwen.__file__).parent / "default_models" / "headwise"  # the embedded 4.2M model
+    >>> model, tokenizer = load_model_and_tokenizer(str(arm), device="cpu")
+    >>> type(model).__name__, model.training
+    ('Qwen3GatedForCausalLM', False)
     """
     check_attention(
         model_kwargs.get("attn_implementation"),
@@ -211,8 +219,12 @@ def build_generation_config(
     choice (greedy unless its generation_config.json says otherwise). End-of-sequence and padding
     fall back to the tokenizer's.
 
-    >>> config = build_generation_config(model, tokenizer, max_new_tokens=32, temperature=0.7)  # doctest: +SKIP
-    >>> config.do_sample  # doctest: +SKIP
+    >>> from pathlib import Path
+    >>> import gated_qwen
+    >>> arm = Path(gated_qwen.__file__).parent / "default_models" / "headwise"  # the embedded 4.2M model
+    >>> model, tokenizer = load_model_and_tokenizer(str(arm), device="cpu")
+    >>> config = build_generation_config(model, tokenizer, max_new_tokens=32, temperature=0.7)
+    >>> config.do_sample
     True
     """
     sampling = {name: value for name, value in zip(SAMPLING_OPTIONS, (temperature, top_p, top_k)) if value is not None}
