@@ -76,10 +76,12 @@ def check_tokenizer_files(
     transformers alone would build an empty tokenizer from a folder with tokenizer_config.json only.
     The advice names ``elsewhere``, the way to take a tokenizer from another place, where there is one.
 
-    >>> check_tokenizer_files("path/to/weights_only")  # doctest: +SKIP
+    >>> import tempfile
+    >>> weights_only = tempfile.mkdtemp()  # a folder without tokenizer files
+    >>> check_tokenizer_files(weights_only)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    gated_qwen.errors.GatedQwenError: path/to/weights_only has no tokenizer files: it needs tokenizer.json, ...
+    gated_qwen.errors.GatedQwenError: ... has no tokenizer files: it needs tokenizer.json, ...
     """
     local = resolve_source(source, subfolder, revision)  # a missing folder is named as such, not as "no tokenizer"
     names = [name for names in TOKENIZER_FILE_SETS for name in names]
@@ -363,8 +365,15 @@ def generate(
     ``seed`` seeds torch once before the first batch, so a sampled run repeats exactly. A
     ``streamer`` (one prompt per batch only, as TextStreamer requires) prints tokens as they come.
 
-    >>> for c in generate(model, tokenizer, ["Hello"], build_generation_config(model, tokenizer)):  # doctest: +SKIP
-    ...     print(c.completion)
+    >>> from pathlib import Path
+    >>> import gated_qwen
+    >>> arm = Path(gated_qwen.__file__).parent / "default_models" / "headwise"  # the embedded 4.2M model
+    >>> model, tokenizer = load_model_and_tokenizer(str(arm), device="cpu")
+    >>> config = build_generation_config(model, tokenizer, max_new_tokens=8)
+    >>> for c in generate(model, tokenizer, ["Hello", "def f(x):"], config, seed=0):
+    ...     print(c.prompt, isinstance(c.completion, str), c.new_tokens <= 8)
+    Hello True True
+    def f(x): True True
     """
     from transformers import set_seed
 
