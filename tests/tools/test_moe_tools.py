@@ -119,12 +119,32 @@ def test_generate_runs_a_moe_checkpoint(gated_moe, capsys):
 def test_router_load_beside_the_gates(gated_moe, stock_moe_dense_layer, tmp_path):
     model = load_model(str(gated_moe), device="cpu")
     ids = torch.randint(320, (1, 40), generator=torch.Generator().manual_seed(0))
-    rows = analysis.router_load(model, ids)
-    assert [row["layer"] for row in rows] == [0, 2]  # the sparse layers; layer 1 is dense
+    # the experts each sparse layer really dispatched the tokens to, seen at the experts' own input
+    dispatched = {}
+
+    def record(layer):
+        def hook(module, args):  # args: hidden states, top_k_index, top_k_weights
+            dispatched[layer] = torch.bincount(args[1].flatten(), minlength=4)
+
+        return hook
+
+    hooks = [
+        layer.mlp.experts.register_forward_pre_hook(record(i))
+        for i, layer in enumerate(model.model.layers)
+        if hasattr(layer.mlp, "experts")
+    ]
+    try:
+        rows = analysis.router_load(model, ids)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert [row["layer"] for row in rows] == sorted(dispatched) == [0, 2]  # the sparse layers; layer 1 is dense
     for row in rows:
-        assert sum(row["load"]) == pytest.approx(1.0) and len(row["load"]) == 4
-        assert row["max_over_even"] >= 1.0 and row["max_over_even"] == pytest.approx(max(row["load"]) * 4)
-        assert row["unused"] == sum(share == 0 for share in row["load"])
+        counts = dispatched[row["layer"]].float()
+        assert row["load"] == pytest.approx((counts / counts.sum()).tolist())
+        assert row["unused"] == int((counts == 0).sum())
+        # the busiest expert's tokens over what an even spread would give it
+        assert row["max_over_even"] == pytest.approx(counts.max().item() / (counts.sum().item() / 4))
         assert sum(row["mean_probability"]) == pytest.approx(1.0, abs=1e-5)
     # an identity conversion computes the stock model, routers included; the random gates route differently
     convert_checkpoint(stock_moe_dense_layer, tmp_path / "identity", gate="elementwise", progress=False)
