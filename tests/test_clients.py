@@ -172,6 +172,7 @@ def test_grpo_trainer_takes_a_path(tmp_path, family):
     assert_trained(trainer)
 
 
+@pytest.mark.slow
 def test_peft_imported_before_gated_qwen_gets_the_fused_expert_table_too():
     import json
     import subprocess

@@ -54,6 +54,7 @@ def run(installed: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_the_wheel_ships_what_the_package_reads(installed):
     package = installed / "gated_qwen"
     assert (package / "py.typed").is_file()
@@ -62,6 +63,7 @@ def test_the_wheel_ships_what_the_package_reads(installed):
     assert (package / "tools" / "benchmark_child.py").is_file()
 
 
+@pytest.mark.slow
 def test_commands_run_from_the_installed_wheel(installed, tmp_path):
     probe = subprocess.run(
         [sys.executable, "-c", "import gated_qwen; print(gated_qwen.__file__)"],
@@ -107,3 +109,24 @@ def test_commands_run_from_the_installed_wheel(installed, tmp_path):
     )
     assert bench.returncode == 0, bench.stderr
     assert "Qwen3Gated elementwise | 1838.28M" in (tmp_path / "bench" / "benchmark.md").read_text()
+
+
+def test_ci_runs_the_fast_tier_first_then_exactly_readmes_test_command_on_newest_and_floor():
+    """.ci/run's contract: README's test command as it is (the whole suite), after the fast tier of docs/development.md."""
+    readme = (REPO / "README.md").read_text()
+    first_block = readme.split("```", 2)[1]
+    (readme_command,) = [line.split("#")[0].strip() for line in first_block.splitlines() if "pytest" in line]
+    assert readme_command == "python -m pytest -q"  # the whole suite: no -m, no path
+    fast_command = 'python -m pytest -q -m "not slow"'
+    assert fast_command in (REPO / "docs" / "development.md").read_text()
+    ci = [
+        line.strip() for line in (REPO / ".ci" / "run").read_text().splitlines() if not line.lstrip().startswith("#")
+    ]
+    pytest_lines = [line for line in ci if "python -m pytest" in line and "vllm" not in line]
+    fast, newest, floor = pytest_lines
+    assert fast == fast_command
+    for line in (newest, floor):
+        assert line.startswith("PYTEST_ADDOPTS=")  # the JUnit report, without touching the command
+        command = line.split(" ", 1)[1].split(" 2>&1")[0]
+        assert command == readme_command
+    assert ci.index(fast) < ci.index(newest) < ci.index(floor)

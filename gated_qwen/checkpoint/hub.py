@@ -7,8 +7,10 @@ needed, a missing subfolder, a hub that cannot be reached (no network), a hub sw
 gated repository. A hub repository is probed with one request without retries (huggingface_hub retries
 a failed download for about 25 s), so a missing network is reported at once.
 
->>> resolve_source("gated_qwen/default_models/headwise")  # doctest: +SKIP
-PosixPath('gated_qwen/default_models/headwise')
+>>> import gated_qwen
+>>> arm = Path(gated_qwen.__file__).parent / "default_models" / "headwise"  # the embedded model
+>>> resolve_source(str(arm)) == arm
+True
 >>> resolve_source("./missing_dir")
 Traceback (most recent call last):
 ...

@@ -243,8 +243,15 @@ def read_source_checkpoint(
     The source is :func:`checkpoint_folder`'s (a hub snapshot of only the files needed); a source and DST
     that lie inside one another, and a source without weights, are refused before anything is written.
 
-    >>> read_source_checkpoint("path/to/1B_gate_headwise", "", None, Path("out"), "export").weights_format  # doctest: +SKIP
-    'pytorch'
+    >>> import tempfile
+    >>> import gated_qwen
+    >>> arm = Path(gated_qwen.__file__).parent / "default_models" / "headwise"  # the embedded 4.2M model
+    >>> read_source_checkpoint(str(arm), "", None, Path(tempfile.mkdtemp()) / "out", "export").weights_format
+    'safetensors'
+    >>> read_source_checkpoint(str(arm), "", None, arm / "out", "export")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    gated_qwen.errors.GatedQwenError: .../headwise/out and the source .../headwise overlap; write the export elsewhere
     """
     folder = checkpoint_folder(src, subfolder, revision)
     for inside, outside in ((dst, folder), (folder, dst)):

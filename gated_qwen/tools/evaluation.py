@@ -204,7 +204,10 @@ def output_folder(folder: str | Path, overwrite: bool = False):
     The folder may hold other files; earlier results are replaced only with ``overwrite``
     (:class:`gated_qwen.checkpoint.outputs.OutputFolder`, the one mechanism every command writes through).
 
-    >>> output = output_folder("eval_out")  # doctest: +SKIP
+    >>> import tempfile
+    >>> output = output_folder(Path(tempfile.mkdtemp()) / "eval_out")
+    >>> output.destination.name
+    'eval_out'
     """
     from ..checkpoint.outputs import OutputFolder
 

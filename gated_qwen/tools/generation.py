@@ -7,10 +7,13 @@ line needs around them: device, dtype and attention checked up front with one cl
 tokenizer files checked before transformers would quietly build an empty tokenizer, prompts run
 as left-padded batches, and one record per prompt.
 
->>> model, tokenizer = load_model_and_tokenizer("path/to/checkpoint")  # doctest: +SKIP
->>> config = build_generation_config(model, tokenizer, max_new_tokens=20)  # doctest: +SKIP
->>> [c.completion for c in generate(model, tokenizer, ["def add(a, b):"], config)]  # doctest: +SKIP
-['\\n    return a + b\\n']
+>>> from pathlib import Path
+>>> import gated_qwen
+>>> arm = Path(gated_qwen.__file__).parent / "default_models" / "headwise"  # the embedded 4.2M model
+>>> model, tokenizer = load_model_and_tokenizer(str(arm), device="cpu")
+>>> config = build_generation_config(model, tokenizer, max_new_tokens=20)
+>>> [(c.prompt, 0 < c.new_tokens <= 20) for c in generate(model, tokenizer, ["def add(a, b):"], config)]
+[('def add(a, b):', True)]
 """
 
 from __future__ import annotations
@@ -73,10 +76,12 @@ def check_tokenizer_files(
     transformers alone would build an empty tokenizer from a folder with tokenizer_config.json only.
     The advice names ``elsewhere``, the way to take a tokenizer from another place, where there is one.
 
-    >>> check_tokenizer_files("path/to/weights_only")  # doctest: +SKIP
+    >>> import tempfile
+    >>> weights_only = tempfile.mkdtemp()  # a folder without tokenizer files
+    >>> check_tokenizer_files(weights_only)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    gated_qwen.errors.GatedQwenError: path/to/weights_only has no tokenizer files: it needs tokenizer.json, ...
+    gated_qwen.errors.GatedQwenError: ... has no tokenizer files: it needs tokenizer.json, ...
     """
     local = resolve_source(source, subfolder, revision)  # a missing folder is named as such, not as "no tokenizer"
     names = [name for names in TOKENIZER_FILE_SETS for name in names]
@@ -171,7 +176,12 @@ def load_model_and_tokenizer(
     Device, dtype, attention and the model's folder are checked first and the tokenizer is loaded
     next, so a problem with any of them is reported before the weights are read.
 
-    >>> model, tokenizer = load_model_and_tokenizer("path/to/checkpoint", device="cpu")  # doctest: +SKIP
+    >>> from pathlib import Path
+    >>> import gated_qwen
+    >>> arm = Path(gated_qwen.__file__).parent / "default_models" / "headwise"  # the embedded 4.2M model
+    >>> model, tokenizer = load_model_and_tokenizer(str(arm), device="cpu")
+    >>> type(model).__name__, model.training
+    ('Qwen3GatedForCausalLM', False)
     """
     check_attention(
         model_kwargs.get("attn_implementation"),
@@ -211,8 +221,12 @@ def build_generation_config(
     choice (greedy unless its generation_config.json says otherwise). End-of-sequence and padding
     fall back to the tokenizer's.
 
-    >>> config = build_generation_config(model, tokenizer, max_new_tokens=32, temperature=0.7)  # doctest: +SKIP
-    >>> config.do_sample  # doctest: +SKIP
+    >>> from pathlib import Path
+    >>> import gated_qwen
+    >>> arm = Path(gated_qwen.__file__).parent / "default_models" / "headwise"  # the embedded 4.2M model
+    >>> model, tokenizer = load_model_and_tokenizer(str(arm), device="cpu")
+    >>> config = build_generation_config(model, tokenizer, max_new_tokens=32, temperature=0.7)
+    >>> config.do_sample
     True
     """
     sampling = {name: value for name, value in zip(SAMPLING_OPTIONS, (temperature, top_p, top_k)) if value is not None}
@@ -351,8 +365,15 @@ def generate(
     ``seed`` seeds torch once before the first batch, so a sampled run repeats exactly. A
     ``streamer`` (one prompt per batch only, as TextStreamer requires) prints tokens as they come.
 
-    >>> for c in generate(model, tokenizer, ["Hello"], build_generation_config(model, tokenizer)):  # doctest: +SKIP
-    ...     print(c.completion)
+    >>> from pathlib import Path
+    >>> import gated_qwen
+    >>> arm = Path(gated_qwen.__file__).parent / "default_models" / "headwise"  # the embedded 4.2M model
+    >>> model, tokenizer = load_model_and_tokenizer(str(arm), device="cpu")
+    >>> config = build_generation_config(model, tokenizer, max_new_tokens=8)
+    >>> for c in generate(model, tokenizer, ["Hello", "def f(x):"], config, seed=0):
+    ...     print(c.prompt, isinstance(c.completion, str), c.new_tokens <= 8)
+    Hello True True
+    def f(x): True True
     """
     from transformers import set_seed
 

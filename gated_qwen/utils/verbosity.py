@@ -16,8 +16,13 @@ from collections.abc import Iterator
 def quiet_transformers(verbose: bool = False) -> Iterator[None]:
     """Inside the block transformers logs errors only and draws no progress bar, unless ``verbose``.
 
+    >>> from pathlib import Path
+    >>> import gated_qwen
+    >>> arm = Path(gated_qwen.__file__).parent / "default_models" / "headwise"  # the embedded 4.2M model
     >>> with quiet_transformers():
-    ...     model = Qwen3GatedForCausalLM.from_pretrained("path/to/arm")  # doctest: +SKIP
+    ...     model = gated_qwen.Qwen3GatedForCausalLM.from_pretrained(arm)
+    >>> model.config.gate_type
+    'headwise'
     """
     if verbose:
         yield

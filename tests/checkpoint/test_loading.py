@@ -84,6 +84,7 @@ else:
 """
 
 
+@pytest.mark.slow
 def test_the_strict_loader_is_installed_when_transformers_was_imported_first(tmp_path):
     write_released_checkpoint(tmp_path, gate="headwise")
     edited(tmp_path, model_type="qwen3_gated", headwise_attn_output_gate=False, elementwise_attn_output_gate=True)

@@ -262,6 +262,7 @@ def test_convert_into_dot_from_inside_an_empty_folder(stock, tmp_path, monkeypat
     assert Path.cwd() == here and listing(tmp_path) == ["here"]
 
 
+@pytest.mark.slow
 def test_a_convert_killed_while_writing_shards_is_cleaned_up_by_the_next(stock, tmp_path, caplog):
     from gated_qwen.cli import main
 

@@ -134,6 +134,7 @@ def run(way: str, arm: Path, out: Path, corpus: Path, capsys) -> tuple[int, str,
 
 @pytest.mark.parametrize("row", ROWS)
 @pytest.mark.parametrize("way", WAYS)
+@pytest.mark.slow
 def test_each_row_is_refused_by_each_command_in_one_line(arms, way, row, tmp_path, capsys, guarded, harness_tasks):
     out = tmp_path / "out"
     status, stdout, stderr = run(way, arms["rows"][row], out, arms["corpus"], capsys)

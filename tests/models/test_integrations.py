@@ -14,6 +14,9 @@ from gated_qwen import Qwen3GatedForCausalLM
 from gated_qwen.models.layout import split_query_and_gate
 
 
+pytestmark = pytest.mark.slow
+
+
 AUTO_AFTER_IMPORT = """
 import json, sys, tempfile
 import gated_qwen

@@ -28,6 +28,9 @@ from transformers_sdist_harness import PACKAGE, HarnessFileMissing, fetch_harnes
 from gated_qwen import Qwen3GatedConfig, Qwen3GatedForCausalLM, Qwen3GatedForSequenceClassification, Qwen3GatedModel
 
 
+pytestmark = pytest.mark.slow
+
+
 TRANSFORMERS_VERSION = transformers.__version__
 RUN_ALL = os.environ.get("GATED_QWEN_ALL_COMMON_TESTS") == "1"
 IN_CI = os.environ.get("CI", "").lower() == "true"

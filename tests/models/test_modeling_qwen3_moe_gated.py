@@ -233,6 +233,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.slow
 def test_transformers_tensor_parallel_keeps_each_kv_group_with_its_gate_rows(stock_moe_dense_layer, tmp_path):
     """transformers' own tensor parallelism (tp_plan="auto", 2 processes over gloo on CPU) shards q_proj by kv
     group, gate rows with their queries, and computes what one process computes."""
@@ -301,6 +302,7 @@ def _moe_tensor_parallel_report(rank: int, folder: str, tp_plan, result_folder: 
 
 
 @pytest.mark.parametrize("plan, heads, kv_heads, gate", [("colwise", 4, 2, "elementwise"), ("unit", 2, 1, "headwise")])
+@pytest.mark.slow
 def test_distributed_config_shards_the_moe_by_kv_group_with_the_dense_models_plan_check(
     tmp_path, plan, heads, kv_heads, gate
 ):
@@ -341,6 +343,7 @@ def test_distributed_config_shards_the_moe_by_kv_group_with_the_dense_models_pla
         "transformers",
     ],
 )
+@pytest.mark.slow
 def test_both_families_register_whichever_module_is_imported_first(first):
     import subprocess
     import sys

@@ -67,6 +67,7 @@ def test_a_file_neither_the_sdist_nor_a_stand_in_provides_is_named(tmp_path):
 
 
 @pytest.mark.parametrize("ci, outcome", [("", "skipped"), ("true", "error")])
+@pytest.mark.slow
 def test_without_network_the_common_tests_skip_but_fail_in_ci(tmp_path, ci, outcome):
     env = dict(
         os.environ,

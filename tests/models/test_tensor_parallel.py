@@ -21,6 +21,9 @@ from gated_qwen import Qwen3GatedConfig, Qwen3GatedForCausalLM, Qwen3MoeGatedCon
 from gated_qwen.models.tensor_parallel import GATED_UNIT_STYLES, check_and_adapt_tp_plan
 
 
+pytestmark = pytest.mark.slow
+
+
 HAS_UNIT_STYLES = hasattr(transformers_tp, "UnitColwiseParallel")  # transformers >= 5.25
 ATTENTION = "model.layers.*.self_attn"
 UNIT_PLAN = {

@@ -19,6 +19,9 @@ import pytest
 from conftest import write_stock_moe_checkpoint
 
 
+pytestmark = pytest.mark.slow
+
+
 REPO = Path(__file__).resolve().parents[2]
 TENSOR_PARALLEL_SIZES = (1, 2)
 # vLLM's CPU attention takes head sizes of 32 and up; 4 query heads on 2 kv heads, so that a tensor-parallel

@@ -26,6 +26,9 @@ import pytest
 from conftest import write_released_checkpoint, write_tiny_tokenizer
 
 
+pytestmark = pytest.mark.slow
+
+
 REPO = Path(__file__).resolve().parents[2]
 TENSOR_PARALLEL_SIZES = (1, 2)
 # vLLM's CPU attention takes head sizes of 32 and up; 4 query heads on 2 kv heads (GQA), so that a

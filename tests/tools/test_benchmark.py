@@ -32,6 +32,7 @@ def bench_run(tmp_path_factory):
     return status, out, scratch, json.loads((out / "benchmark.json").read_text())
 
 
+@pytest.mark.slow
 def test_cli_writes_markdown_and_json_and_cleans_its_scratch(bench_run, capsys):
     status, out, scratch, result = bench_run
     assert status == 0

@@ -320,6 +320,7 @@ def test_pipeline_takes_a_released_arm_loaded_by_this_package(checkpoint):
     assert text == PROMPTS[2] + reference_completion(checkpoint, PROMPTS[2], 8)
 
 
+@pytest.mark.slow
 def test_installed_console_script(checkpoint):
     command = Path(sys.executable).with_name("gated-qwen")
     result = subprocess.run(

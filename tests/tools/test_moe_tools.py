@@ -18,6 +18,31 @@ from gated_qwen.tools.generation import load_model
 REPO_CONFIGS = __import__("pathlib").Path(__file__).resolve().parents[2] / "gated_qwen" / "configs"
 
 
+def expert_slices(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
+    """The fused expert tensors of the built model (one slice per expert along dim 0), by name."""
+    return {name: p for name, p in model.named_parameters() if ".mlp.experts." in name}
+
+
+def parameters_one_token_uses(model: torch.nn.Module, token: int = 5) -> int:
+    """What one token's forward pass reads, measured: every parameter outside the experts, and of each fused
+    expert tensor the slices of the experts the router picked (those that receive a gradient)."""
+    model.zero_grad()
+    model(torch.tensor([[token]])).logits.sum().backward()
+    used = 0
+    for name, p in model.named_parameters():
+        if name in expert_slices(model):
+            picked = [bool(p.grad[e].abs().sum() > 0) for e in range(p.shape[0])]
+            used += sum(picked) * p[0].numel()
+        else:
+            used += p.numel()
+    model.zero_grad()
+    return used
+
+
+def q_proj_parameters(model: torch.nn.Module) -> int:
+    return sum(p.numel() for name, p in model.named_parameters() if name.endswith("q_proj.weight"))
+
+
 @pytest.fixture(scope="module")
 def gated_moe(stock_moe_dense_layer, tmp_path_factory):
     """The stock MoE with a dense layer, converted headwise with random gate rows."""
@@ -31,11 +56,21 @@ def test_inspect_counts_total_and_active_parameters(stock_moe_dense_layer, gated
     facts = describe(str(stock_moe_dense_layer))
     stock = Qwen3MoeForCausalLM.from_pretrained(stock_moe_dense_layer)
     assert facts["parameters"] == stock.num_parameters() and facts["kind"] == "stock Qwen3-MoE"
-    # a token uses 2 of 4 experts (width 16, hidden 32) in each of the 2 sparse layers
-    assert facts["active_parameters"] == facts["parameters"] - 2 * (4 - 2) * 3 * 32 * 16
-    assert (facts["num_experts"], facts["num_experts_per_tok"], facts["sparse_layers"]) == (4, 2, 2)
+    # active: what a token's forward pass really reads, measured on the built model by the router's choice
+    assert facts["active_parameters"] == parameters_one_token_uses(stock) < facts["parameters"]
+    config = stock.config
+    sparse = sum(1 for layer in stock.model.layers if hasattr(layer.mlp, "experts"))
+    assert (facts["num_experts"], facts["num_experts_per_tok"], facts["sparse_layers"]) == (
+        config.num_experts,
+        config.num_experts_per_tok,
+        sparse,
+    )
     gated = describe(str(gated_moe))
-    assert gated["gate_type"] == "headwise" and gated["parameters"] == facts["parameters"] + 3 * 4 * 32
+    gated_model = load_model(str(gated_moe), device="cpu")
+    assert gated["gate_type"] == "headwise" and gated["parameters"] == gated_model.num_parameters()
+    # the gate's rows are the only parameters the conversion adds, all in q_proj
+    assert gated["parameters"] - facts["parameters"] == q_proj_parameters(gated_model) - q_proj_parameters(stock) > 0
+    assert gated["active_parameters"] == parameters_one_token_uses(gated_model.float())
     assert main(["inspect", str(gated_moe)]) == 0
     out = capsys.readouterr().out
     assert "4 of width 16, 2 per token, in 2 of 3 layers" in out and f"{gated['active_parameters']:,}" in out
@@ -49,8 +84,12 @@ def test_the_papers_moe_config_has_its_stated_size():
 
     with torch.device("meta"):
         total = Qwen3MoeGatedForCausalLM(config).num_parameters()
+        experts = expert_slices(Qwen3MoeGatedForCausalLM(config))
     assert 15.0e9 <= total < 16.0e9  # "15B total parameters"
-    assert total - config.idle_expert_parameters() == 1_989_255_168  # active per token (README says why not 2.54B)
+    # the idle experts' parameters, from the built (meta) model's expert tensors: all but top-k slices of each
+    idle = sum((p.shape[0] - config.num_experts_per_tok) * p[0].numel() for p in experts.values())
+    assert config.idle_expert_parameters() == idle
+    assert 1.9e9 < total - idle < 2.1e9  # "A2B" (README says why not 2.54B)
 
 
 def test_generate_runs_a_moe_checkpoint(gated_moe, capsys):
@@ -80,12 +119,32 @@ def test_generate_runs_a_moe_checkpoint(gated_moe, capsys):
 def test_router_load_beside_the_gates(gated_moe, stock_moe_dense_layer, tmp_path):
     model = load_model(str(gated_moe), device="cpu")
     ids = torch.randint(320, (1, 40), generator=torch.Generator().manual_seed(0))
-    rows = analysis.router_load(model, ids)
-    assert [row["layer"] for row in rows] == [0, 2]  # the sparse layers; layer 1 is dense
+    # the experts each sparse layer really dispatched the tokens to, seen at the experts' own input
+    dispatched = {}
+
+    def record(layer):
+        def hook(module, args):  # args: hidden states, top_k_index, top_k_weights
+            dispatched[layer] = torch.bincount(args[1].flatten(), minlength=4)
+
+        return hook
+
+    hooks = [
+        layer.mlp.experts.register_forward_pre_hook(record(i))
+        for i, layer in enumerate(model.model.layers)
+        if hasattr(layer.mlp, "experts")
+    ]
+    try:
+        rows = analysis.router_load(model, ids)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert [row["layer"] for row in rows] == sorted(dispatched) == [0, 2]  # the sparse layers; layer 1 is dense
     for row in rows:
-        assert sum(row["load"]) == pytest.approx(1.0) and len(row["load"]) == 4
-        assert row["max_over_even"] >= 1.0 and row["max_over_even"] == pytest.approx(max(row["load"]) * 4)
-        assert row["unused"] == sum(share == 0 for share in row["load"])
+        counts = dispatched[row["layer"]].float()
+        assert row["load"] == pytest.approx((counts / counts.sum()).tolist())
+        assert row["unused"] == int((counts == 0).sum())
+        # the busiest expert's tokens over what an even spread would give it
+        assert row["max_over_even"] == pytest.approx(counts.max().item() / (counts.sum().item() / 4))
         assert sum(row["mean_probability"]) == pytest.approx(1.0, abs=1e-5)
     # an identity conversion computes the stock model, routers included; the random gates route differently
     convert_checkpoint(stock_moe_dense_layer, tmp_path / "identity", gate="elementwise", progress=False)
@@ -130,12 +189,15 @@ def test_bench_has_moe_sizes_with_the_gates_cost_beside_the_experts():
 
     counts = parameter_counts(BenchmarkOptions(size="moe-tiny"))
     parameters, active = counts["parameters"], counts["active_parameters"]
-    # 2 sparse layers, 4 experts of width 32 on hidden 64, 2 per token: 2 idle experts per layer
-    assert parameters["none"] - active["none"] == 2 * 2 * 3 * 64 * 32
-    # the gate adds the same parameters to total and active: a larger share of what a token uses
-    assert parameters["headwise"] - parameters["none"] == active["headwise"] - active["none"] == 2 * 4 * 64
-    assert active["headwise"] / active["none"] > parameters["headwise"] / parameters["none"]
     arms = build_arms(BenchmarkOptions(size="moe-tiny"))
+    torch.manual_seed(0)
+    for name, arm in arms.items():  # the counts are those of the arms the benchmark builds and runs
+        assert parameters[name] == arm.num_parameters()
+        assert active[name] == parameters_one_token_uses(arm.float()) < parameters[name]
+    # the gate adds the same parameters (its q_proj rows) to total and active: a larger share of what a token uses
+    gate_rows = q_proj_parameters(arms["headwise"]) - q_proj_parameters(arms["none"])
+    assert parameters["headwise"] - parameters["none"] == active["headwise"] - active["none"] == gate_rows > 0
+    assert active["headwise"] / active["none"] > parameters["headwise"] / parameters["none"]
     assert [type(arm).__name__ for arm in arms.values()] == [
         "Qwen3MoeForCausalLM",
         "Qwen3MoeGatedForCausalLM",

@@ -19,6 +19,9 @@ from gated_qwen import Qwen3GatedForCausalLM
 from gated_qwen.models.layout import split_query_and_gate
 
 
+pytestmark = pytest.mark.slow
+
+
 ROOT = Path(__file__).parents[2]
 
 

@@ -249,6 +249,7 @@ def test_init_from_starts_exactly_at_the_sources_loss(corpus, tmp_path):
         assert (kept.temperature, kept.top_p, kept.max_new_tokens) == (0.3, 0.5, 7), name
 
 
+@pytest.mark.slow
 def test_init_from_the_released_baseline_arm_as_downloaded(corpus, tmp_path):
     """pytorch_model.bin, model_type "qwen2", Qwen's tokenizer without a pad token; converted on the fly.
     (A released gated arm continued as it is: test_trainable_gate_changes_the_gate_rows_and_nothing_else.)"""

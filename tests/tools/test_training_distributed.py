@@ -22,6 +22,9 @@ from gated_qwen.tools.training import PackedRows, load_documents, train_tokenize
 from gated_qwen.tools.training_args import TrainingArguments
 
 
+pytestmark = pytest.mark.slow
+
+
 ROOT = Path(__file__).parents[2]
 TINY_CONFIG = str(ROOT / "configs" / "tiny_headwise.json")
 

@@ -17,6 +17,9 @@ from test_training_distributed import free_port
 from gated_qwen.cli import main
 
 
+pytestmark = pytest.mark.slow
+
+
 HERE = Path(__file__).parent
 ROOT = HERE.parents[1]
 

@@ -235,6 +235,7 @@ def test_the_trained_loss_includes_the_routers_auxiliary_loss_when_the_config_as
     assert losses[True] - losses[False] == pytest.approx(coef * sum(aux_losses) / accumulation, abs=2e-5)
 
 
+@pytest.mark.slow
 def test_two_processes_weigh_the_auxiliary_loss_as_one_does(corpus, tmp_path, stock_moe_source):
     """torchrun, 2 processes x 2 rows: the step's loss is coef x the mean of the two processes' auxiliary losses
     (Trainer alone multiplies it by the process count: transformers issue #48690). Also: an MoE trains under DDP."""

@@ -671,6 +671,7 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     assert exit_info.value.code == 2 and "invalid choice: 'zeros'" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_module_is_the_cli(tmp_path):
     source = write_stock_checkpoint(tmp_path / "stock")
     completed = subprocess.run(

@@ -16,6 +16,9 @@ import pytest
 from gated_qwen.utils.import_hooks import when_imported
 
 
+pytestmark = pytest.mark.slow
+
+
 CLIENTS = ["trl", "peft", "accelerate", "datasets", "lm_eval", "vllm"]
 
 CHECK = """
