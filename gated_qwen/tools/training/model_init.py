@@ -38,9 +38,12 @@ def _config_values(args: TrainRunArguments) -> dict:
 
         if args.gate not in GATE_TYPES:
             raise TrainingError(f"unknown gate {args.gate!r}; expected one of {', '.join(GATE_TYPES)}")
-        values["headwise_attn_output_gate"] = args.gate == "headwise"
-        values["elementwise_attn_output_gate"] = args.gate == "elementwise"
-        values.update(gate_variant(args))
+        # --gate says the gate type whatever the config's released flags say; the variant options override the
+        # config's keys only where given (their defaults would otherwise undo a config.json's gate_position, say).
+        values.pop("headwise_attn_output_gate", None)
+        values.pop("elementwise_attn_output_gate", None)
+        values["gate_type"] = args.gate
+        values.update({key: value for key, value in gate_variant(args).items() if value != RELEASED_GATE_VARIANT[key]})
     return values
 
 
