@@ -2,8 +2,8 @@
 
 Each arm is a ``gated-qwen train`` run from scratch on the standard-library docstring corpus
 (``scripts/prepare_corpus.py``), with the architecture of ``configs/ablation_tiny.json``, the same tokenizer,
-data order, learning-rate schedule and token budget; the arms differ only in the gate flags
-(``--gate``, ``--gate-position``, ``--gate-shared-across-heads``, ``--gate-activation``, ``--gate-combination``).
+data order, learning-rate schedule and token budget; the arms differ only in the gate keys of their config
+(``gate_type``, ``gate_position``, ``gate_shared_across_heads``, ``gate_activation``, ``gate_combination``).
 Every arm trains once per seed, and once more at a high learning rate (seed 0) for its loss spikes. Then each
 model is measured on the held-out split:
 
@@ -40,29 +40,26 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _results import ROOT, describe, new_report, write_results  # noqa: E402
 
 
-# The rows of the paper's comparison, as train flags. G1..G5: the SDPA output, the value, key and query
-# projections' outputs, o_proj's output (docs/design-space.md).
+# The rows of the paper's comparison, as config keys (docs/design-space.md). G1..G5: the SDPA output, the value,
+# key and query projections' outputs, o_proj's output.
 ARMS = {
-    "baseline": ["--gate", "none"],
-    "G1 elementwise": ["--gate", "elementwise"],
-    "G1 headwise": ["--gate", "headwise"],
-    "G2 elementwise": ["--gate", "elementwise", "--gate-position", "value"],
-    "G2 headwise": ["--gate", "headwise", "--gate-position", "value"],
-    "G3 elementwise": ["--gate", "elementwise", "--gate-position", "key"],
-    "G4 elementwise": ["--gate", "elementwise", "--gate-position", "query"],
-    "G5 elementwise": ["--gate", "elementwise", "--gate-position", "dense_output"],
-    "G1 elementwise, head-shared": ["--gate", "elementwise", "--gate-shared-across-heads"],
-    "G1 headwise, head-shared": ["--gate", "headwise", "--gate-shared-across-heads"],
-    "G1 elementwise, additive SiLU": [
-        "--gate",
-        "elementwise",
-        "--gate-activation",
-        "silu",
-        "--gate-combination",
-        "additive",
-    ],
-    "G1 elementwise, multiplicative SiLU": ["--gate", "elementwise", "--gate-activation", "silu"],
-    "G1 elementwise, additive sigmoid": ["--gate", "elementwise", "--gate-combination", "additive"],
+    "baseline": {"gate_type": "none"},
+    "G1 elementwise": {"gate_type": "elementwise"},
+    "G1 headwise": {"gate_type": "headwise"},
+    "G2 elementwise": {"gate_type": "elementwise", "gate_position": "value"},
+    "G2 headwise": {"gate_type": "headwise", "gate_position": "value"},
+    "G3 elementwise": {"gate_type": "elementwise", "gate_position": "key"},
+    "G4 elementwise": {"gate_type": "elementwise", "gate_position": "query"},
+    "G5 elementwise": {"gate_type": "elementwise", "gate_position": "dense_output"},
+    "G1 elementwise, head-shared": {"gate_type": "elementwise", "gate_shared_across_heads": True},
+    "G1 headwise, head-shared": {"gate_type": "headwise", "gate_shared_across_heads": True},
+    "G1 elementwise, additive SiLU": {
+        "gate_type": "elementwise",
+        "gate_activation": "silu",
+        "gate_combination": "additive",
+    },
+    "G1 elementwise, multiplicative SiLU": {"gate_type": "elementwise", "gate_activation": "silu"},
+    "G1 elementwise, additive sigmoid": {"gate_type": "elementwise", "gate_combination": "additive"},
 }
 CORPUS = ROOT / "data" / "stdlib_docstrings"
 CONFIG = ROOT / "configs" / "ablation_tiny.json"
@@ -83,6 +80,7 @@ def parse_args():
     parser.add_argument("--runs", type=Path, default=ROOT / "runs" / "ablation")
     parser.add_argument("--results", type=Path, default=ROOT / "results" / "ablation")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--train-only", action="store_true", help="train the seed runs, measure nothing")
     return parser.parse_args()
 
 
@@ -91,14 +89,19 @@ def run_folder(runs: Path, arm: str, name: str) -> Path:
 
 
 def train(args, arm: str, name: str, seed: int, lr: float, max_tokens: int, tokenizer: Path | None) -> dict:
-    """One ``gated-qwen train`` run (reused when finished); its summary."""
+    """One ``gated-qwen train`` run (reused when finished); its summary.
+
+    The arm's gate is its config (``configs/ablation_tiny.json`` plus the arm's keys), as a user writes one."""
     out = run_folder(args.runs, arm, name)
     if (out / "summary.json").exists() and (out / "final").is_dir():
         return json.loads((out / "summary.json").read_text())
+    config = out.parent / "config.json"
+    config.parent.mkdir(parents=True, exist_ok=True)
+    config.write_text(json.dumps({**json.loads(CONFIG.read_text()), **ARMS[arm]}, indent=2) + "\n")
     command = [
         sys.executable, "-m", "gated_qwen", "train",
         "--train-file", str(CORPUS / "train.jsonl"), "--heldout-file", str(CORPUS / "heldout.jsonl"),
-        "--config", str(CONFIG), *ARMS[arm],
+        "--config", str(config), "--gate", ARMS[arm]["gate_type"],
         "--seq-len", str(SEQ_LEN), "--batch-size", str(BATCH_SIZE), "--max-tokens", str(max_tokens),
         "--lr", str(lr), "--warmup-steps", "50", "--eval-every", "1000000", "--save-every", "1000000",
         "--seed", str(seed), "--threads", str(args.threads), "--no-progress", "--overwrite", "--out", str(out),
@@ -130,20 +133,21 @@ def measure(folder: Path, stream) -> dict:
         record_gates,
         summarize_gates,
     )
-    from gated_qwen.tools.extrapolation import perplexity_by_context_length, with_rope_scaling
+    from gated_qwen.tools.extrapolation import apply_rope_scaling, perplexity_by_context_length
+
+    def perplexities(model, lengths):
+        return {r.length: r.perplexity for r in perplexity_by_context_length(model, stream, lengths, batch_size=8)}
 
     model = AutoModelForCausalLM.from_pretrained(folder).eval()
-    lengths = [SEQ_LEN, *(SEQ_LEN * k for k in EXTRAPOLATION)]
-    plain = perplexity_by_context_length(model, stream, lengths)
+    plain = perplexities(model, [SEQ_LEN, *(SEQ_LEN * k for k in EXTRAPOLATION)])
     row = {
         "parameters": sum(p.numel() for p in model.parameters()),
-        "heldout_loss": math.log(plain[SEQ_LEN].perplexity),
-        **{f"ppl_{k}x": plain[SEQ_LEN * k].perplexity for k in EXTRAPOLATION},
+        "heldout_loss": math.log(plain[SEQ_LEN]),
+        **{f"ppl_{k}x": plain[SEQ_LEN * k] for k in EXTRAPOLATION},
     }
-    for k in EXTRAPOLATION:
-        config = with_rope_scaling(model.config, "yarn", float(k))
-        scaled = AutoModelForCausalLM.from_pretrained(folder, config=config).eval()
-        row[f"ppl_{k}x_yarn"] = perplexity_by_context_length(scaled, stream, [SEQ_LEN * k])[SEQ_LEN * k].perplexity
+    for k in EXTRAPOLATION:  # YaRN with the factor that stretches the training length to the measured one
+        scaled = apply_rope_scaling(AutoModelForCausalLM.from_pretrained(folder).eval(), "yarn", float(k))
+        row[f"ppl_{k}x_yarn"] = perplexities(scaled, [SEQ_LEN * k])[SEQ_LEN * k]
     windows = stream[: SINK_ROWS * SEQ_LEN].view(SINK_ROWS, SEQ_LEN)
     with torch.no_grad():
         row["first_token_attention"] = attention_sink(model, windows, skip_first=1).mean().item()
@@ -208,18 +212,25 @@ def main():
     import gated_qwen  # noqa: F401  (the Auto classes)
 
     arms = ["baseline", *[arm for arm in args.arms if arm != "baseline"]]  # the baseline first: its tokenizer
-    tokenizer_folder = None
+    tokenizer_folder = run_folder(args.runs, "baseline", f"seed{args.seeds[0]}") / "tokenizer"
+    summaries = {}
+    for arm in arms:  # every training run first (--train-only stops there), then every measurement
+        for seed in args.seeds:
+            tokenizer = tokenizer_folder if tokenizer_folder.is_dir() else None
+            summaries[arm, seed] = train(args, arm, f"seed{seed}", seed, args.lr, args.max_tokens, tokenizer)
+    if args.train_only:
+        return
+    for arm in arms:
+        summaries[arm, "high_lr"] = train(args, arm, "high_lr", 0, args.high_lr, args.high_lr_tokens, tokenizer_folder)
+    stream = heldout_stream(AutoTokenizer.from_pretrained(tokenizer_folder))
     rows: dict[str, dict] = {}
     for arm in arms:
-        rows[arm] = {"flags": ARMS[arm], "seeds": {}}
+        rows[arm] = {"config": ARMS[arm], "seeds": {}}
         for seed in args.seeds:
-            summary = train(args, arm, f"seed{seed}", seed, args.lr, args.max_tokens, tokenizer_folder)
-            folder = run_folder(args.runs, arm, f"seed{seed}")
-            tokenizer_folder = tokenizer_folder or folder / "tokenizer"
-            stream = heldout_stream(AutoTokenizer.from_pretrained(tokenizer_folder))
             print(f"[ablation] {arm} seed {seed}: measuring", file=sys.stderr, flush=True)
-            rows[arm]["seeds"][seed] = {**measure(folder / "final", stream), "elapsed_s": summary.get("elapsed_s")}
-        high = train(args, arm, "high_lr", 0, args.high_lr, args.high_lr_tokens, tokenizer_folder)
+            folder = run_folder(args.runs, arm, f"seed{seed}") / "final"
+            rows[arm]["seeds"][seed] = {**measure(folder, stream), "elapsed_s": summaries[arm, seed].get("elapsed_s")}
+        high = summaries[arm, "high_lr"]
         rows[arm]["high_lr"] = {
             "lr": args.high_lr,
             "loss_spikes": high.get("loss_spikes"),

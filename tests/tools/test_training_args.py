@@ -75,7 +75,9 @@ def test_old_train_args_json_loads():
     assert TrainRunArguments(**old).gate_position == "sdpa_output"
 
 
-def test_gate_variant_reaches_the_config(monkeypatch):
+def test_gate_variant_reaches_the_config(tmp_path):
+    import json
+
     from gated_qwen.tools.training import model_init
 
     args = parse(
@@ -83,21 +85,15 @@ def test_gate_variant_reaches_the_config(monkeypatch):
         "--gate-shared-across-heads", "--gate-activation", "silu", "--gate-combination", "additive",
     )  # fmt: skip
     assert {"gate_position", "gate_shared_across_heads", "gate_activation", "gate_combination"} <= set(RUN_DATA_KEYS)
-    seen = {}
-
-    class Config:
-        def __init__(self, **values):
-            seen.update(values)
-
-    monkeypatch.setattr(model_init, "causal_lm_class", lambda values: type("Model", (), {"config_class": Config}))
-    model_init._make_config(args, model_init._config_values(args))
-    assert seen["headwise_attn_output_gate"] is True
-    assert {key: seen[key] for key in model_init.GATE_VARIANT_KEYS} == {
-        "gate_position": "value",
-        "gate_shared_across_heads": True,
-        "gate_activation": "silu",
-        "gate_combination": "additive",
-    }
+    config = model_init._make_config(args, model_init._config_values(args))
+    assert (config.gate_type, config.gate_position, config.gate_shared_across_heads) == ("headwise", "value", True)
+    assert (config.gate_activation, config.gate_combination) == ("silu", "additive")
+    # a config.json's gate keys stay where the options are left at their defaults; --gate decides the type
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"gate_position": "key", "elementwise_attn_output_gate": True}))
+    args = parse("--train-file", "t", "--out", "o", "--max-steps", "1", "--gate", "headwise", "--config", str(path))
+    config = model_init._make_config(args, model_init._config_values(args))
+    assert (config.gate_type, config.gate_position) == ("headwise", "key")
 
 
 def test_gate_variant_needs_gate_and_no_init_from():
