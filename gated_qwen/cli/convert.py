@@ -5,7 +5,7 @@ from __future__ import annotations
 
 def add_parser(subparsers) -> None:
     from ..utils.names import CHECKPOINT_CONVERSION_GATES, CONVERSION_INITS
-    from ._arguments import add_checkpoint_arguments
+    from ._arguments import add_checkpoint_arguments, add_gate_variant_arguments
 
     parser = subparsers.add_parser(
         "convert",
@@ -34,14 +34,24 @@ def add_parser(subparsers) -> None:
         help="identity: zero gate rows and doubled o_proj, the same outputs bit for bit (default); "
         "random: gate rows drawn like the model's initializer",
     )
+    add_gate_variant_arguments(parser)
     parser.set_defaults(run=run)
 
 
 def run(args) -> int:
+    from ..errors import GatedQwenError
+    from ..models.qwen3_gated.configuration_qwen3_gated import GATE_VARIANT_DEFAULTS as DEFAULT_VARIANT
     from ..transforms.conversion import convert_checkpoint
-    from ._arguments import checkpoint_options, written
+    from ._arguments import checkpoint_options, gate_variant_options, written
 
-    result = convert_checkpoint(args.src, args.dst, gate=args.gate, init=args.init, **checkpoint_options(args))
+    variant = gate_variant_options(args)
+    if args.gate == "keep":
+        if variant != {key: DEFAULT_VARIANT[key] for key in variant}:
+            raise GatedQwenError("--gate keep re-saves the source's own gate; leave the --gate-* variant options out")
+        variant = {}
+    result = convert_checkpoint(
+        args.src, args.dst, gate=args.gate, init=args.init, **checkpoint_options(args), **variant
+    )
     how = f"{result.gate} gate kept" if args.gate == "keep" else f"{args.gate} gate, {args.init} init"
     print(f"wrote {written(result)} ({how})")
     if result.max_difference is not None:

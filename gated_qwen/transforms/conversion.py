@@ -43,7 +43,7 @@ from transformers.utils import logging
 from ..checkpoint import check_weights_match_config
 from ..errors import CheckpointError, GatedQwenError
 from ..models.auto import gated_model_class
-from ..models.layout import gate_dim, merge_query_and_gate, split_query_and_gate
+from ..models.layout import gate_dim, gate_heads_and_width, merge_query_and_gate, split_query_and_gate
 from ..models.qwen3_gated.configuration_qwen3_gated import Qwen3GatedConfig
 from ..models.qwen3_gated.modeling_qwen3_gated import (
     Qwen3GatedForCausalLM,
@@ -87,12 +87,13 @@ def _check_choice(value: str, choices, what: str) -> None:
 
 
 def gated_config_from_dict(
-    config_dict: dict, gate: str, source: str = "the model"
+    config_dict: dict, gate: str, source: str = "the model", **variant
 ) -> Qwen3GatedConfig | Qwen3MoeGatedConfig:
     """The gated config of the gated variant of a Qwen3 or Qwen3-MoE config (a config.json's dict):
     a Qwen3GatedConfig, or a Qwen3MoeGatedConfig for a Qwen3-MoE.
 
-    Refuses a config that is neither and one that already has a gate.
+    Refuses a config that is neither and one that already has a gate. ``variant``: the keys of the design space
+    beside ``gate`` (``gate_position``, ``gate_shared_across_heads``, ``gate_activation``, ``gate_combination``).
 
     >>> config = gated_config_from_dict({"model_type": "qwen3", "num_attention_heads": 4, "num_key_value_heads": 2}, "headwise")
     >>> config.gate_type, config.model_type
@@ -105,13 +106,73 @@ def gated_config_from_dict(
             f"{source} is already gated ({source_config.gate_type}); there is nothing to convert. "
             "Load it with Qwen3GatedForCausalLM.from_pretrained"
         )
-    return type(source_config).from_dict(
-        {
-            **source_config.to_dict(),
-            "headwise_attn_output_gate": gate == "headwise",
-            "elementwise_attn_output_gate": gate == "elementwise",
-        }
-    )
+    values = {**source_config.to_dict(), "gate_type": gate, **variant}
+    for flag in ("headwise_attn_output_gate", "elementwise_attn_output_gate"):
+        values.pop(flag)
+    try:
+        return type(source_config).from_dict(values)
+    except ValueError as error:  # a gate without meaning (headwise at dense_output, ...): one line
+        raise GatedQwenError(str(error)) from None
+
+
+# Where the gate halves a tensor at init "identity" (sigmoid(0) = 0.5), the tensors that are doubled to undo it:
+# the first that the model has (QK-norm's weight scales the normalised keys and queries; without it, the projection).
+DOUBLED_FOR_IDENTITY = {
+    "sdpa_output": ("self_attn.o_proj.weight",),
+    "value": ("self_attn.v_proj.weight", "self_attn.v_proj.bias"),
+    "key": ("self_attn.k_norm.weight",),
+    "query": ("self_attn.q_norm.weight",),
+    "dense_output": ("self_attn.o_proj.weight", "self_attn.o_proj.bias"),
+}
+WITHOUT_QK_NORM = {
+    "key": ("self_attn.k_proj.weight", "self_attn.k_proj.bias"),
+    "query": ("self_attn.q_proj.weight", "self_attn.q_proj.bias"),
+}
+
+
+def check_identity_init(config, init: str) -> None:
+    """Refuse ``init="identity"`` for a gate that no zero-initialised projection makes the identity.
+
+    A sigmoid gate at zero logits is 0.5: multiplying, the tensor it halves is doubled; a SiLU gate at zero is 0:
+    adding, nothing changes. A multiplying SiLU gate (0 times the tensor) and an adding sigmoid gate (plus 0.5)
+    have no such form.
+
+    >>> check_identity_init(Qwen3GatedConfig(gate_type="headwise", gate_activation="silu"), "identity")
+    Traceback (most recent call last):
+    ...
+    gated_qwen.errors.GatedQwenError: --init identity has no exact form for a headwise silu multiplicative gate at sdpa_output, head-specific: at zero logits it multiplies by 0; use --init random
+    """
+    if init != "identity" or config.gate_type == "none":
+        return
+    at_zero = {"sigmoid": 0.5, "silu": 0.0}[config.gate_activation]
+    if (config.gate_combination, at_zero) in (("multiplicative", 0.0), ("additive", 0.5)):
+        what = "multiplies by 0" if at_zero == 0.0 else "adds 0.5"
+        raise GatedQwenError(
+            f"--init identity has no exact form for a {config.gate_variant()}: at zero logits it {what}; "
+            "use --init random"
+        )
+
+
+def _doubled_for_identity(name: str, config) -> bool:
+    if config.gate_activation != "sigmoid" or config.gate_combination != "multiplicative":
+        return False  # additive SiLU: zero logits add nothing
+    position = config.gate_position
+    names = WITHOUT_QK_NORM[position] if position in WITHOUT_QK_NORM and not config.use_qk_norm else None
+    return name.endswith(names or DOUBLED_FOR_IDENTITY[position])
+
+
+def gate_projection(query_weight: torch.Tensor, config, init: str = "identity") -> torch.Tensor:
+    """The weight of ``g_proj`` for a gate outside q_proj, ``(heads * width, hidden)``: zero (identity) or drawn
+    like the model's initializer (random), on q_proj's device and in its dtype.
+
+    >>> config = Qwen3GatedConfig(hidden_size=16, num_attention_heads=4, num_key_value_heads=2, head_dim=4,
+    ...                           gate_type="elementwise", gate_position="value")
+    >>> gate_projection(torch.ones(16, 16), config).shape                   # 2 kv heads x 4 channels
+    torch.Size([8, 16])
+    """
+    heads, width = gate_heads_and_width(config)
+    weight = query_weight.new_zeros(heads * width, query_weight.shape[-1])
+    return weight.normal_(mean=0.0, std=config.initializer_range) if init == "random" else weight
 
 
 def grow_q_proj(query: torch.Tensor, config: Qwen3GatedConfig, init: str = "identity") -> torch.Tensor:
@@ -138,18 +199,30 @@ def grow_q_proj(query: torch.Tensor, config: Qwen3GatedConfig, init: str = "iden
 
 
 def convert_tensor(name: str, tensor: torch.Tensor, config: Qwen3GatedConfig, init: str = "identity") -> torch.Tensor:
-    """The gated model's tensor of this name: q_proj grown, o_proj's weight doubled (identity), else ``tensor``.
+    """The gated model's tensor of this name: q_proj grown (the released layout), the tensor the gate halves doubled
+    (identity: o_proj's weight for the released gate, :data:`DOUBLED_FOR_IDENTITY` for the others), else ``tensor``.
 
     >>> config = Qwen3GatedConfig(hidden_size=8, num_attention_heads=2, num_key_value_heads=1, head_dim=4,
     ...                           headwise_attn_output_gate=True)
     >>> convert_tensor("model.layers.0.self_attn.o_proj.weight", torch.ones(8, 8), config)[0, 0].item()
     2.0
     """
-    if name.endswith(("self_attn.q_proj.weight", "self_attn.q_proj.bias")):
+    if config.gate_in_q_proj and name.endswith(("self_attn.q_proj.weight", "self_attn.q_proj.bias")):
         return grow_q_proj(tensor, config, init)
-    if name.endswith("self_attn.o_proj.weight") and init == "identity":
+    if init == "identity" and _doubled_for_identity(name, config):
         return tensor * 2  # exact: see the module docstring
     return tensor
+
+
+def converted_tensors(
+    name: str, tensor: torch.Tensor, config, init: str = "identity"
+) -> list[tuple[str, torch.Tensor]]:
+    """The gated model's tensors for the source tensor ``name``: :func:`convert_tensor`'s, and after q_proj's weight
+    the new ``g_proj`` of a gate outside q_proj (:func:`gate_projection`)."""
+    converted = [(name, convert_tensor(name, tensor, config, init))]
+    if not config.gate_in_q_proj and config.gate_type != "none" and name.endswith("self_attn.q_proj.weight"):
+        converted.append((name.replace("q_proj.weight", "g_proj.weight"), gate_projection(tensor, config, init)))
+    return converted
 
 
 # ----------------------------------------------------------------------------------------------
@@ -157,7 +230,7 @@ def convert_tensor(name: str, tensor: torch.Tensor, config: Qwen3GatedConfig, in
 
 
 def convert_qwen3_to_gated(
-    model: nn.Module, gate: str = "headwise", init: str = "identity"
+    model: nn.Module, gate: str = "headwise", init: str = "identity", **variant
 ) -> Qwen3GatedPreTrainedModel:
     """The gated variant of a loaded stock Qwen3 model, sharing all its tensors but q_proj and o_proj.
 
@@ -173,7 +246,8 @@ def convert_qwen3_to_gated(
     therefore changes the input's shared weights too; ``del model`` afterwards frees its old
     q_proj and o_proj. With ``init="identity"`` the logits are bit-identical to the input's (see the
     module docstring for why); ``init="random"`` draws the gate rows with torch's global generator,
-    so ``torch.manual_seed`` makes it repeatable.
+    so ``torch.manual_seed`` makes it repeatable. ``variant`` gives the other keys of the design space
+    (docs/design-space.md); a gate outside q_proj gets a new ``g_proj``, and identity is refused where none exists.
 
     >>> from transformers import Qwen3Config, Qwen3ForCausalLM
     >>> stock = Qwen3ForCausalLM(Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
@@ -187,20 +261,24 @@ def convert_qwen3_to_gated(
     """
     _check_choice(gate, GATES, "gate")
     _check_choice(init, INITS, "init")
-    gated, tensors = _gated_skeleton(model, gate)
-    for name, tensor in tensors.items():
+    gated, tensors = _gated_skeleton(model, gate, variant)
+    check_identity_init(gated.config, init)
+    for source_name, tensor in tensors.items():
         with torch.no_grad():
-            converted = convert_tensor(name, tensor, gated.config, init)
-        # An unchanged tensor is handed over as the same object, which keeps ties (lm_head and
-        # embed_tokens) and requires_grad; a new one becomes a Parameter like the one it replaces.
-        if converted is not tensor and isinstance(tensor, nn.Parameter):
-            converted = nn.Parameter(converted, requires_grad=tensor.requires_grad)
-        module_name, _, attribute = name.rpartition(".")
-        setattr(gated.get_submodule(module_name), attribute, converted)
+            pairs = converted_tensors(source_name, tensor, gated.config, init)
+        for name, converted in pairs:
+            # An unchanged tensor is handed over as the same object, which keeps ties (lm_head and
+            # embed_tokens) and requires_grad; a new one becomes a Parameter like the one it replaces.
+            if converted is not tensor and isinstance(tensor, nn.Parameter):
+                converted = nn.Parameter(converted, requires_grad=tensor.requires_grad)
+            module_name, _, attribute = name.rpartition(".")
+            setattr(gated.get_submodule(module_name), attribute, converted)
     return _finish_like(gated, model)
 
 
-def _gated_skeleton(model: nn.Module, gate: str) -> tuple[Qwen3GatedPreTrainedModel, dict[str, torch.Tensor]]:
+def _gated_skeleton(
+    model: nn.Module, gate: str, variant: dict
+) -> tuple[Qwen3GatedPreTrainedModel, dict[str, torch.Tensor]]:
     """The gated counterpart of ``model`` on the meta device (nothing allocated), and ``model``'s tensors by name,
     checked to be the skeleton's: refuses a model of another class, one with offloaded weights or adapters."""
     gated_class = next((gated for stock, gated in GATED_CLASSES.items() if isinstance(model, stock)), None)
@@ -210,7 +288,7 @@ def _gated_skeleton(model: nn.Module, gate: str) -> tuple[Qwen3GatedPreTrainedMo
             "Qwen3Model, or their Qwen3-MoE counterparts (Qwen3MoeForCausalLM, ...)"
         )
     source = type(model).__name__
-    config = gated_config_from_dict(model.config.to_dict(), gate, source)
+    config = gated_config_from_dict(model.config.to_dict(), gate, source, **variant)
     config.architectures = [gated_class.__name__]
     config._attn_implementation = model.config._attn_implementation
     tensors = dict(model.named_parameters(remove_duplicate=False)) | dict(model.named_buffers(remove_duplicate=False))
@@ -225,8 +303,9 @@ def _gated_skeleton(model: nn.Module, gate: str) -> tuple[Qwen3GatedPreTrainedMo
     with torch.device("meta"):
         gated = gated_class(config)
     expected = dict(gated.named_parameters(remove_duplicate=False)) | dict(gated.named_buffers(remove_duplicate=False))
-    if expected.keys() != tensors.keys():
-        extra, missing = sorted(tensors.keys() - expected.keys()), sorted(expected.keys() - tensors.keys())
+    new = {name for name in expected if name.endswith("self_attn.g_proj.weight")}  # a gate's own projection
+    if expected.keys() - new != tensors.keys():
+        extra, missing = sorted(tensors.keys() - expected.keys()), sorted(expected.keys() - new - tensors.keys())
         raise GatedQwenError(
             f"{source} does not have the tensors of a stock {'Qwen3-MoE' if isinstance(config, Qwen3MoeGatedConfig) else 'Qwen3'}: "
             + "; ".join(
@@ -280,6 +359,7 @@ def convert_checkpoint(
     subfolder: str = "",
     verify: bool = False,
     progress: bool = True,
+    **variant,
 ) -> ConversionResult:
     """Write the gated variant of the Qwen3 checkpoint ``src`` into the folder ``dst``.
 
@@ -306,7 +386,7 @@ def convert_checkpoint(
     ['model.safetensors']
     >>> convert_checkpoint("QwQZh/gated_attention", "headwise-arm", gate="keep", subfolder="1B_gate_headwise")  # doctest: +SKIP
     """
-    conversion = Conversion(gate, init, verify)
+    conversion = Conversion(gate, init, verify, **variant)
     written = conversion.run(
         src,
         dst,
@@ -334,10 +414,10 @@ class Conversion(CheckpointTransform):
     output_name = "converted checkpoint"
     description = "converting"
 
-    def __init__(self, gate: str = "headwise", init: str = "identity", verify: bool = False):
+    def __init__(self, gate: str = "headwise", init: str = "identity", verify: bool = False, **variant):
         _check_choice(gate, CHECKPOINT_GATES, "gate")
         _check_choice(init, INITS, "init")
-        self.gate, self.init, self.verifies = gate, init, verify
+        self.gate, self.init, self.verifies, self.variant = gate, init, verify, variant
         # set by check_config: the source's config, the target's, and the gated class that reads the target
         self.source_config: Qwen3GatedConfig | Qwen3MoeGatedConfig | None = None
         self.config: Qwen3GatedConfig | Qwen3MoeGatedConfig | None = None
@@ -345,7 +425,11 @@ class Conversion(CheckpointTransform):
 
     def check_config(self, config_dict: dict, source: str, target_dtype) -> None:  # before any weight is fetched
         source_config = source_config_from_dict(config_dict, source)
-        config = source_config if self.gate == "keep" else gated_config_from_dict(config_dict, self.gate, source)
+        if self.gate == "keep":
+            config = source_config
+        else:
+            config = gated_config_from_dict(config_dict, self.gate, source, **self.variant)
+            check_identity_init(config, self.init)
         moe = isinstance(config, Qwen3MoeGatedConfig)
         architecture = (config_dict.get("architectures") or ["Qwen3MoeForCausalLM" if moe else "Qwen3ForCausalLM"])[0]
         gated_class = gated_model_class(config_dict, architecture)
@@ -377,7 +461,7 @@ class Conversion(CheckpointTransform):
     def map_tensor(self, name: str, tensor: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
         if is_fused_experts(name):  # an MoE saved fused: written as save_pretrained writes experts
             return split_fused_experts(name, tensor)
-        return [(name, tensor if self.gate == "keep" else convert_tensor(name, tensor, self.config, self.init))]
+        return [(name, tensor)] if self.gate == "keep" else converted_tensors(name, tensor, self.config, self.init)
 
     def verify(self, source: Path, converted: Path) -> float:
         return _max_logit_difference(self.gated_class, source, converted)
@@ -400,6 +484,9 @@ __all__ = [
     "ConversionResult",
     "convert_checkpoint",
     "convert_qwen3_to_gated",
-    "grow_q_proj",
+    "check_identity_init",
     "convert_tensor",
+    "converted_tensors",
+    "gate_projection",
+    "grow_q_proj",
 ]

@@ -731,3 +731,90 @@ def test_keep_on_a_stock_qwen3_writes_gate_none(tmp_path):
     source = write_stock_checkpoint(tmp_path / "stock")
     result = convert_checkpoint(source, tmp_path / "clean", gate="keep", progress=False)
     assert result.gate == "none" and Qwen3GatedForCausalLM.from_pretrained(result.path).config.gate_type == "none"
+
+
+# ------------------------------------------------------------------------------- the design space (docs/design-space.md)
+
+IDENTITY_VARIANTS = {
+    "G1 headwise": {"gate": "headwise"},
+    "G1 elementwise, shared": {"gate": "elementwise", "gate_shared_across_heads": True},
+    "G2 headwise": {"gate": "headwise", "gate_position": "value"},
+    "G3 elementwise": {"gate": "elementwise", "gate_position": "key"},
+    "G4 headwise": {"gate": "headwise", "gate_position": "query"},
+    "G5 elementwise": {"gate": "elementwise", "gate_position": "dense_output"},
+    "G1 additive SiLU": {"gate": "elementwise", "gate_activation": "silu", "gate_combination": "additive"},
+}
+
+
+def _stock_qwen3(**kwargs):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen3Config(
+        vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, **kwargs,
+    )  # fmt: skip
+    return Qwen3ForCausalLM(config).eval()
+
+
+@pytest.mark.parametrize("name", IDENTITY_VARIANTS)
+@pytest.mark.parametrize("stock_kwargs", [{}, {"attention_bias": True}], ids=["plain", "biases"])
+def test_identity_conversion_is_exact_for_every_variant_that_has_one(name, stock_kwargs, tmp_path):
+    from gated_qwen.transforms.conversion import convert_checkpoint, convert_qwen3_to_gated
+
+    stock = _stock_qwen3(**stock_kwargs)
+    ids = torch.randint(3, 96, (2, 9), generator=torch.Generator().manual_seed(0))
+    variant = dict(IDENTITY_VARIANTS[name])
+    gated = convert_qwen3_to_gated(stock, **variant)
+    with torch.no_grad():
+        assert torch.equal(gated(ids).logits, stock(ids).logits)
+    # the gate really is there and trainable: random init changes the outputs
+    torch.manual_seed(1)
+    with torch.no_grad():
+        assert not torch.equal(convert_qwen3_to_gated(stock, init="random", **variant)(ids).logits, stock(ids).logits)
+    # on disk too, with --verify's probe
+    stock.save_pretrained(tmp_path / "stock")
+    result = convert_checkpoint(tmp_path / "stock", tmp_path / "gated", verify=True, progress=False, **variant)
+    assert result.max_difference == 0.0
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(tmp_path / "gated")
+    assert config.gate_type == variant["gate"]
+    assert config.gate_position == variant.get("gate_position", "sdpa_output")
+
+
+@pytest.mark.parametrize(
+    "variant,said",
+    [
+        ({"gate_activation": "silu"}, "multiplies by 0"),
+        ({"gate_combination": "additive"}, "adds 0.5"),
+    ],
+)
+def test_identity_is_refused_where_none_exists_and_random_remains(variant, said, tmp_path):
+    from gated_qwen.transforms.conversion import convert_checkpoint, convert_qwen3_to_gated
+
+    stock = _stock_qwen3()
+    with pytest.raises(GatedQwenError, match=f"--init identity has no exact form .*{said}; use --init random"):
+        convert_qwen3_to_gated(stock, gate="elementwise", **variant)
+    stock.save_pretrained(tmp_path / "stock")
+    with pytest.raises(GatedQwenError, match=said):
+        convert_checkpoint(tmp_path / "stock", tmp_path / "gated", gate="elementwise", progress=False, **variant)
+    assert not (tmp_path / "gated").exists()
+    assert (
+        convert_qwen3_to_gated(stock, gate="elementwise", init="random", **variant).config.gate_type == "elementwise"
+    )
+
+
+def test_convert_cli_takes_the_variant_flags_and_refuses_a_gate_without_meaning(tmp_path, capsys):
+    from gated_qwen.cli import main
+
+    _stock_qwen3().save_pretrained(tmp_path / "stock")
+    code = main(["convert", str(tmp_path / "stock"), str(tmp_path / "g2"), "--gate", "headwise",
+                 "--gate-position", "value", "--verify", "--quiet"])  # fmt: skip
+    assert code == 0 and "largest logit difference" in capsys.readouterr().out
+    assert json.loads((tmp_path / "g2" / "config.json").read_text())["gate_position"] == "value"
+    code = main(["convert", str(tmp_path / "stock"), str(tmp_path / "g5"), "--gate", "headwise",
+                 "--gate-position", "dense_output"])  # fmt: skip
+    error = capsys.readouterr().err
+    assert code != 0 and "no heads" in error and "Traceback" not in error
+    assert not (tmp_path / "g5").exists()
