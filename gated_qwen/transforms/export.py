@@ -99,6 +99,12 @@ def check_exportable(config: Qwen3GatedConfig, source: str = "the model") -> Non
             f"{source} has no gate (gate type 'none'): it is a stock Qwen3, which every engine serves as it is "
             "(as model_type 'qwen3', Qwen3ForCausalLM); there is nothing to export"
         )
+    if not config.is_released_gate:
+        raise CheckpointError(
+            f"{source} has a {config.gate_variant()}; Qwen3.5's gate is the released one (sigmoid, multiplying the "
+            "SDPA output of each head), so no Qwen3.5 checkpoint computes this model; load it with gated_qwen's "
+            "Qwen3GatedForCausalLM instead"
+        )
     if not config.use_qk_norm:
         raise CheckpointError(
             f"{source} has no QK-norm (use_qk_norm false), and Qwen3.5 always normalizes queries and keys, so no "

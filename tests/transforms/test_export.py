@@ -484,3 +484,27 @@ def test_hub_source_downloads_config_weights_and_tokenizer_but_no_code(tmp_path,
     with pytest.raises(CheckpointError, match="qkv_bias"):
         export_checkpoint("owner/model", tmp_path / "refused", subfolder="arm", progress=False)
     assert [call[0] for call in calls] == ["config"]
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [
+        {"gate_type": "headwise", "gate_position": "value"},
+        {"gate_type": "elementwise", "gate_shared_across_heads": True},
+        {"gate_type": "elementwise", "gate_activation": "silu", "gate_combination": "additive"},
+    ],
+)
+def test_a_gate_qwen3_5_does_not_have_is_refused_with_nothing_written(tmp_path, capsys, variant):
+    from gated_qwen import Qwen3GatedConfig, Qwen3GatedForCausalLM
+
+    source = tmp_path / "source"
+    config = Qwen3GatedConfig(
+        vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, **variant,
+    )  # fmt: skip
+    Qwen3GatedForCausalLM(config).save_pretrained(source)
+    capsys.readouterr()  # save_pretrained's progress bar
+    assert main(["export", str(source), str(tmp_path / "out"), "--to", "qwen3_5", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"has a {config.gate_variant()}; Qwen3.5's gate is the released one" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["source"]
