@@ -96,15 +96,38 @@ def test_gate_variant_reaches_the_config(tmp_path):
     assert (config.gate_type, config.gate_position) == ("headwise", "key")
 
 
-def test_gate_variant_needs_gate_and_no_init_from():
+def test_gate_variant_needs_gate():
     from gated_qwen.tools.training import TrainingError
     from gated_qwen.tools.training.model_init import check_arguments
 
     with pytest.raises(TrainingError, match="give --gate with them"):
         check_arguments(TrainRunArguments("t", "o", max_steps=1, gate_activation="silu"))
-    with pytest.raises(TrainingError, match="released gate variant only"):
-        check_arguments(TrainRunArguments("t", "o", max_steps=1, init_from="x", gate="headwise", gate_position="key"))
     check_arguments(TrainRunArguments("t", "o", max_steps=1, gate="headwise", gate_position="key"))
+
+
+def test_init_from_converts_to_any_variant_exactly_and_trains_only_its_gate():
+    import torch
+
+    from gated_qwen.tools.training.groups import gate_parameter_groups
+    from gated_qwen.tools.training.model_init import load_initial_model, read_init_config
+
+    baseline = "gated_qwen/default_models/baseline"
+    args = TrainRunArguments("t", "o", max_steps=1, init_from=baseline, gate="headwise", gate_position="value")
+    assert (read_init_config(args).gate_type, read_init_config(args).gate_position) == ("headwise", "value")
+    model = load_initial_model(args)
+    from transformers import AutoModelForCausalLM
+
+    stock = AutoModelForCausalLM.from_pretrained(baseline, dtype=torch.float32).eval()
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    with torch.no_grad():
+        assert torch.equal(model.eval()(ids).logits, stock(ids).logits)
+    groups = gate_parameter_groups(model, lr=1e-3, trainable="gate")
+    trained = [p for group in groups for p in group["params"]]
+    assert trained and all(p is layer.self_attn.g_proj.weight for p, layer in zip(trained, model.model.layers))
+    # no identity for a multiplying SiLU gate: refused before any weight is read
+    silu = TrainRunArguments("t", "o", max_steps=1, init_from=baseline, gate="headwise", gate_activation="silu")
+    with pytest.raises(Exception, match="no exact form"):
+        read_init_config(silu)
 
 
 def test_loss_spikes():

@@ -63,7 +63,8 @@ def _gated_q_projs(model) -> list[tuple[torch.nn.Module, QueryAndGateRows]]:
 
 
 def separate_gate_rows(model) -> list[torch.nn.Parameter]:
-    """Give the gate rows of every gated q_proj (weight and bias) a Parameter of their own; returns them.
+    """Give the gate rows of every gated q_proj (weight and bias) a Parameter of their own; returns them, with the
+    weight of every ``g_proj`` (the projection of a gate outside q_proj, already a Parameter of its own).
 
     Registers :class:`QueryAndGateRows` on q_proj's ``weight`` and ``bias``: q_proj then computes with
     the merged rows as before (same values, same layout), while its query rows and its gate rows are
@@ -84,6 +85,12 @@ def separate_gate_rows(model) -> list[torch.nn.Parameter]:
             if not (parametrize.is_parametrized(q_proj, name)):
                 parametrize.register_parametrization(q_proj, name, rows)
             gate_rows.append(q_proj.parametrizations[name].original1)
+    # A gate outside q_proj (docs/design-space.md) has its own projection, a Parameter already.
+    gate_rows += [
+        module.g_proj.weight
+        for module in model.modules()
+        if isinstance(getattr(module, "g_proj", None), torch.nn.Linear)
+    ]
     return gate_rows
 
 

@@ -108,12 +108,6 @@ def check_arguments(args: TrainRunArguments) -> None:
         raise TrainingError(
             "--init says how --gate converts the --init-from checkpoint; give --init-from and --gate with it, or leave --init out"
         )
-    if args.init_from is not None and gate_variant(args) != RELEASED_GATE_VARIANT:
-        raise TrainingError(
-            "--init-from converts a checkpoint to the released gate variant only (sdpa_output, per head, sigmoid, "
-            "multiplicative); leave --gate-position, --gate-shared-across-heads, --gate-activation and "
-            "--gate-combination at their defaults, or train from scratch"
-        )
     if args.gate is None and gate_variant(args) != RELEASED_GATE_VARIANT:
         raise TrainingError(
             "the gate variant options (--gate-position, --gate-shared-across-heads, --gate-activation, "
@@ -172,8 +166,16 @@ def read_init_config(args: TrainRunArguments) -> Qwen3GatedConfig | Qwen3MoeGate
                 f"{source} already has a {config.gate_type} gate; --gate converts a checkpoint without one. "
                 "Leave --gate out to continue training it as it is"
             )
-        config.headwise_attn_output_gate = args.gate == "headwise"
-        config.elementwise_attn_output_gate = args.gate == "elementwise"
+        try:
+            config.gate_type = args.gate
+            for key, value in gate_variant(args).items():
+                setattr(config, key, value)
+            config.validate()
+        except ValueError as error:
+            raise TrainingError(f"--gate {args.gate}: {' '.join(str(error).split())}") from None
+        from ...transforms.conversion import check_identity_init
+
+        check_identity_init(config, args.gate_init or "identity")  # before any weight is read
     _check_gate_options(args, config.gate_type, f"{source} has no gate")
     return config
 
@@ -239,7 +241,7 @@ def load_initial_model(args: TrainRunArguments):
     )
     if args.gate is not None:
         torch.manual_seed(args.seed)
-        model = convert_qwen3_to_gated(model, gate=args.gate, init=args.gate_init or "identity")
+        model = convert_qwen3_to_gated(model, gate=args.gate, init=args.gate_init or "identity", **gate_variant(args))
     return model
 
 
