@@ -97,23 +97,7 @@ def strict_from_pretrained(
         for file in resolve_weight_files(pretrained_model_name_or_path, **kwargs):
             tensors.update(read_weight_file_header(file))
         if not isinstance(config, PreTrainedConfig):
-            hub_kwargs = {k: v for k, v in kwargs.items() if k in HUB_KWARGS}
-            # Config keys given to from_pretrained: the dataclass fields, and the released flags (properties).
-            keys = {
-                *cls.config_class.__dataclass_fields__,
-                "headwise_attn_output_gate",
-                "elementwise_attn_output_gate",
-            }
-            overrides = {k: v for k, v in kwargs.items() if k in keys}
-            # The layer count from config.json's number first: building the config object costs time in
-            # proportion to it (transformers makes and validates a list of per-layer attention types).
-            config_dict, _ = cls.config_class.get_config_dict(config or pretrained_model_name_or_path, **hub_kwargs)
-            layers = overrides.get("num_hidden_layers", config_dict.get("num_hidden_layers"))
-            if isinstance(layers, int) and not isinstance(layers, bool):
-                check_layer_count(layers, tensors, source, advice)
-            config = cls.config_class.from_pretrained(
-                config or pretrained_model_name_or_path, **hub_kwargs, **overrides
-            )
+            config = _checked_config(cls, config or pretrained_model_name_or_path, tensors, source, advice, kwargs)
         # A quantized checkpoint (its config carries a quantization_config) stores each quantized weight as
         # the quantizer's parts: read them as the weight, and leave their stored shapes to the quantizer.
         quantized = set()
@@ -130,6 +114,21 @@ def strict_from_pretrained(
             check_weights_match_config(config, loaded_shapes(model, tensors, quantized), source, sizes, advice)
         check_loaded_weights(model, loading_info, set(tensors) or None, str(pretrained_model_name_or_path))
     return (model, loading_info) if output_loading_info else model
+
+
+def _checked_config(cls, config_source, tensors, source: str, advice: str, kwargs: dict):
+    """The config ``from_pretrained`` will build, with the keys given to it; the layer count checked first."""
+    hub_kwargs = {k: v for k, v in kwargs.items() if k in HUB_KWARGS}
+    # Config keys given to from_pretrained: the dataclass fields, and the released flags (properties).
+    keys = {*cls.config_class.__dataclass_fields__, "headwise_attn_output_gate", "elementwise_attn_output_gate"}
+    overrides = {k: v for k, v in kwargs.items() if k in keys}
+    # The layer count from config.json's number first: building the config object costs time in
+    # proportion to it (transformers makes and validates a list of per-layer attention types).
+    config_dict, _ = cls.config_class.get_config_dict(config_source, **hub_kwargs)
+    layers = overrides.get("num_hidden_layers", config_dict.get("num_hidden_layers"))
+    if isinstance(layers, int) and not isinstance(layers, bool):
+        check_layer_count(layers, tensors, source, advice)
+    return cls.config_class.from_pretrained(config_source, **hub_kwargs, **overrides)
 
 
 def install_strict_loading(model_class: type) -> None:

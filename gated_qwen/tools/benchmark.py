@@ -562,6 +562,33 @@ def _active_column(result: dict, arm: str) -> list[str]:
     return [f"{active[arm] / 1e6:.2f}M", f"{active[arm] / active['none']:.4f}"]
 
 
+def _loading_lines(loading: dict, labels: dict) -> list[str]:
+    lines = ["| from_pretrained | checkpoint | median seconds |", "|---|---|---|"]
+    for arm in (STOCK_ARM, "headwise"):
+        label = (
+            f"{labels[arm].removeprefix('transformers ')}, {'stock' if arm == STOCK_ARM else 'headwise'} checkpoint"
+        )
+        lines.append(f"| {label} | {loading['bytes'][arm] / 1e6:.0f} MB | {loading['median_seconds'][arm]:.3f} |")
+    return [*lines, f"| gated / stock (paired median) | | {loading['time_ratio_to_qwen3']:.3f} |", ""]
+
+
+def _conversion_lines(conversion: dict) -> list[str]:
+    lines = ["| files | median seconds | MB/s | peak RSS |", "|---|---|---|---|"]
+    for kind, label in (("copy", "shutil.copytree"), ("convert", "convert_checkpoint (headwise)")):
+        lines.append(
+            f"| {label} | {conversion['median_seconds'][kind]:.3f} | {conversion['megabytes_per_second'][kind]:.0f} "
+            f"| {conversion['peak_rss'][kind] / 1e6:.0f} MB |"
+        )
+    return [
+        *lines,
+        "",
+        f"Source checkpoint {conversion['source_bytes'] / 1e6:.0f} MB, largest tensor "
+        f"{conversion['largest_tensor_bytes'] / 1e6:.0f} MB. Each child, copying or converting, imports the converter "
+        f"before its clock starts: {conversion['import_only_peak_rss'] / 1e6:.0f} MB resident before any work.",
+        "",
+    ]
+
+
 def format_markdown(result: dict) -> str:
     """The benchmark's tables as markdown: speed per arm, targets, loading, conversion, machine.
 
@@ -614,28 +641,8 @@ def format_markdown(result: dict) -> str:
                 f"| {row['target']} | {row['measured']:.3f} | {spread} | {row['limit']:.3f} | {'yes' if row['met'] else '**no**'} |"
             )
         lines.append("")
-    if "loading" in result:
-        loading = result["loading"]
-        lines += ["| from_pretrained | checkpoint | median seconds |", "|---|---|---|"]
-        for arm in (STOCK_ARM, "headwise"):
-            label = f"{labels[arm].removeprefix('transformers ')}, {'stock' if arm == STOCK_ARM else 'headwise'} checkpoint"
-            lines.append(f"| {label} | {loading['bytes'][arm] / 1e6:.0f} MB | {loading['median_seconds'][arm]:.3f} |")
-        lines += [f"| gated / stock (paired median) | | {loading['time_ratio_to_qwen3']:.3f} |", ""]
-    if "conversion" in result:
-        conversion = result["conversion"]
-        lines += ["| files | median seconds | MB/s | peak RSS |", "|---|---|---|---|"]
-        for kind, label in (("copy", "shutil.copytree"), ("convert", "convert_checkpoint (headwise)")):
-            lines.append(
-                f"| {label} | {conversion['median_seconds'][kind]:.3f} | {conversion['megabytes_per_second'][kind]:.0f} "
-                f"| {conversion['peak_rss'][kind] / 1e6:.0f} MB |"
-            )
-        lines += [
-            "",
-            f"Source checkpoint {conversion['source_bytes'] / 1e6:.0f} MB, largest tensor "
-            f"{conversion['largest_tensor_bytes'] / 1e6:.0f} MB. Each child, copying or converting, imports the converter "
-            f"before its clock starts: {conversion['import_only_peak_rss'] / 1e6:.0f} MB resident before any work.",
-            "",
-        ]
+    lines += _loading_lines(result["loading"], labels) if "loading" in result else []
+    lines += _conversion_lines(result["conversion"]) if "conversion" in result else []
     machine, options = result["machine"], result["options"]
     lines.append(
         f"Machine: {machine['cpu']}, {machine['cores']} cores"
