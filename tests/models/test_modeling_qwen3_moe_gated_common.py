@@ -83,9 +83,10 @@ class Qwen3MoeGatedModelTester:
     causal_lm_class = Qwen3MoeGatedForCausalLM
     sequence_classification_class = Qwen3MoeGatedForSequenceClassification
 
-    def __init__(self, parent, gate: str, batch_size: int = 13, seq_length: int = 7):
+    def __init__(self, parent, gate: str, batch_size: int = 13, seq_length: int = 7, variant: dict | None = None):
         self.parent = parent
         self.gate = gate
+        self.variant = variant or {}  # the design-space keys beside the gate type (docs/design-space.md)
         self.batch_size = batch_size
         self.seq_length = seq_length
         self.is_training = True
@@ -116,8 +117,8 @@ class Qwen3MoeGatedModelTester:
             pad_token_id=0,
             bos_token_id=1,
             eos_token_id=2,
-            headwise_attn_output_gate=self.gate == "headwise",
-            elementwise_attn_output_gate=self.gate == "elementwise",
+            gate_type=self.gate,
+            **self.variant,
         )
 
     def prepare_config_and_inputs_for_common(self):
@@ -130,10 +131,11 @@ class _Qwen3MoeGatedCommonTests(
     common.ModelTesterMixin, tensor_parallel.TensorParallelTesterMixin, training.TrainingTesterMixin
 ):
     gate = "none"
+    variant: dict = {}
     all_model_classes = (Qwen3MoeGatedModel, Qwen3MoeGatedForCausalLM, Qwen3MoeGatedForSequenceClassification)
 
     def setUp(self):
-        self.model_tester = Qwen3MoeGatedModelTester(self, self.gate)
+        self.model_tester = Qwen3MoeGatedModelTester(self, self.gate, variant=self.variant)
         self.config_tester = configuration_common.ConfigTester(
             self, config_class=Qwen3MoeGatedConfig, hidden_size=32, num_attention_heads=4, num_key_value_heads=2
         )
@@ -170,3 +172,19 @@ class TestHeadwise(_Qwen3MoeGatedCommonTests, unittest.TestCase):
 
 class TestElementwise(_Qwen3MoeGatedCommonTests, unittest.TestCase):
     gate = "elementwise"
+
+
+class _OwnGateProjection:
+    """A gate outside q_proj has no tensor-parallel plan: from_pretrained refuses it (tests/models/test_tensor_parallel.py)."""
+
+    def setUp(self):
+        if self._testMethodName.startswith("test_tp_"):
+            self.skipTest("tensor parallelism is refused for a gate with its own projection (g_proj), by design")
+        super().setUp()
+
+
+class TestKeyGateHeadwiseShared(_OwnGateProjection, _Qwen3MoeGatedCommonTests, unittest.TestCase):
+    """A representative of the design space on the MoE: headwise, on the keys, shared across heads (g_proj)."""
+
+    gate = "headwise"
+    variant = {"gate_position": "key", "gate_shared_across_heads": True}
