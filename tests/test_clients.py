@@ -185,3 +185,16 @@ def test_peft_imported_before_gated_qwen_gets_the_fused_expert_table_too():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout.strip().splitlines()[-1]) == "qwen2_moe"
+
+
+def test_peft_on_a_gate_variant_takes_qwen3s_defaults_and_all_linear_reaches_g_proj():
+    from peft import LoraConfig, get_peft_model
+
+    config = Qwen3GatedConfig(**{**tiny_config_dict(gate="none"), "gate_type": "headwise", "gate_position": "value"})
+    adapted = {}
+    for targets in (None, "all-linear"):
+        torch.manual_seed(0)
+        model = get_peft_model(Qwen3GatedForCausalLM(config), LoraConfig(r=2, target_modules=targets))
+        adapted[targets] = {name.split(".")[-2] for name, _ in model.named_modules() if name.endswith("lora_A")}
+    assert adapted[None] == {"q_proj", "v_proj"}  # transformers' Qwen3 defaults, as on stock
+    assert "g_proj" in adapted["all-linear"] and {"q_proj", "k_proj", "v_proj", "o_proj"} <= adapted["all-linear"]
