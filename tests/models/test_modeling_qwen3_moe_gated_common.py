@@ -178,7 +178,8 @@ class _OwnGateProjection:
     """A gate outside q_proj has no tensor-parallel plan: from_pretrained refuses it (tests/models/test_tensor_parallel.py)."""
 
     def setUp(self):
-        if self._testMethodName.startswith("test_tp_"):
+        # Expert parallelism (transformers 5.19's test_ep_*) shards the attention by the same plan.
+        if self._testMethodName.startswith(("test_tp_", "test_ep_")):
             self.skipTest("tensor parallelism is refused for a gate with its own projection (g_proj), by design")
         super().setUp()
 
