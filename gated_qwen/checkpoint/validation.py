@@ -337,8 +337,17 @@ def weight_disagreements(
     heads) are left to transformers. The shapes of ``unchecked`` (a quantizer's tensors, whose stored shape
     is not the weight's) are not compared; that they are there is. Loops over ``tensors`` only.
 
-    >>> weight_disagreements(config, read_checkpoint_header(folder).tensors)  # doctest: +SKIP
-    ['config.json says vocab_size 500000000, but model.embed_tokens.weight is (160, 64), not (500000000, 64)']
+    >>> from pathlib import Path
+    >>> import gated_qwen
+    >>> from gated_qwen import Qwen3GatedConfig
+    >>> from gated_qwen.checkpoint import read_checkpoint_header
+    >>> arm = Path(gated_qwen.__file__).parent / "default_models" / "headwise"  # the embedded 4.2M model
+    >>> config, tensors = Qwen3GatedConfig.from_pretrained(arm), read_checkpoint_header(arm).tensors
+    >>> weight_disagreements(config, tensors)
+    []
+    >>> config.vocab_size = 500
+    >>> weight_disagreements(config, tensors)
+    ['config.json says vocab_size 500, but model.embed_tokens.weight is (4096, 256), not (500, 256)']
     """
     rule = SHAPE_RULES.get(getattr(config, "model_type", None), DENSE)
     layers: dict[int, str] = {}
@@ -435,9 +444,12 @@ def _q_proj_sentence(config, name: str, found: tuple[int, ...]) -> str:
     expected = (q_proj_rows(q_proj_gate_type(config), config.num_attention_heads, head_dim), config.hidden_size)
     implied = gate_type_for_rows(found[0], config.num_attention_heads, head_dim)
     implied_text = f"that is the shape of a {implied!r} gate" if implied else "no gate type has that many rows"
+    # A gate with its own projection (g_proj) leaves q_proj with the query rows alone.
+    own = _has_own_gate(config)
+    gate = f"a {config.gate_variant()}, in g_proj" if own else f"gate type {config.gate_type!r}"
     return (
-        f"{name} has shape {found} but the config (gate type {config.gate_type!r}, "
-        f"{config.num_attention_heads} heads of dim {head_dim}) expects {expected}; {implied_text}"
+        f"{name} has shape {found} but the config ({gate}, {config.num_attention_heads} heads of dim {head_dim}) "
+        f"expects {expected}; {implied_text}{' in q_proj' if own else ''}"
     )
 
 
