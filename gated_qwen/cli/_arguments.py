@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..utils.names import DEVICES, DTYPES, GATE_ACTIVATIONS, GATE_COMBINATIONS, GATE_POSITIONS
+from ..utils.names import DEVICES, DTYPES, GATE_ACTIVATIONS, GATE_COMBINATIONS, GATE_POSITIONS, GATE_VARIANT_DEFAULTS
 
 
 def number(kind, low, high=None, low_open=False):
@@ -192,9 +192,6 @@ def add_gate_variant_arguments(parser) -> None:
     )
 
 
-GATE_VARIANT_KEYS = ("gate_position", "gate_shared_across_heads", "gate_activation", "gate_combination")
-
-
 def gate_variant_options(args) -> dict:
     """The config keys that :func:`add_gate_variant_arguments` set, for ``Qwen3GatedConfig(**...)``."""
-    return {key: getattr(args, key) for key in GATE_VARIANT_KEYS}
+    return {key: getattr(args, key) for key in GATE_VARIANT_DEFAULTS}

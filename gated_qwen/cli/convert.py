@@ -40,13 +40,13 @@ def add_parser(subparsers) -> None:
 
 def run(args) -> int:
     from ..errors import GatedQwenError
-    from ..models.qwen3_gated.configuration_qwen3_gated import GATE_VARIANT_DEFAULTS as DEFAULT_VARIANT
     from ..transforms.conversion import convert_checkpoint
+    from ..utils.names import GATE_VARIANT_DEFAULTS
     from ._arguments import checkpoint_options, gate_variant_options, written
 
     variant = gate_variant_options(args)
     if args.gate == "keep":
-        if variant != {key: DEFAULT_VARIANT[key] for key in variant}:
+        if variant != GATE_VARIANT_DEFAULTS:
             raise GatedQwenError("--gate keep re-saves the source's own gate; leave the --gate-* variant options out")
         variant = {}
     result = convert_checkpoint(

@@ -19,6 +19,13 @@ GATE_TYPES = ("none", "headwise", "elementwise")
 GATE_POSITIONS = ("sdpa_output", "value", "key", "query", "dense_output")
 GATE_ACTIVATIONS = ("sigmoid", "silu")
 GATE_COMBINATIONS = ("multiplicative", "additive")
+# The design-space keys beside gate_type and their defaults: the released gate's.
+GATE_VARIANT_DEFAULTS = {
+    "gate_position": "sdpa_output",
+    "gate_shared_across_heads": False,
+    "gate_activation": "sigmoid",
+    "gate_combination": "multiplicative",
+}
 CONVERSION_GATES = ("headwise", "elementwise")  # the gates the converter adds to a stock Qwen3
 CHECKPOINT_CONVERSION_GATES = (*CONVERSION_GATES, "keep")  # keep: re-save a gated checkpoint's own gate
 CONVERSION_INITS = ("identity", "random")
@@ -54,5 +61,6 @@ __all__ = [
     "GATE_COMBINATIONS",
     "GATE_POSITIONS",
     "GATE_TYPES",
+    "GATE_VARIANT_DEFAULTS",
     "model_label",
 ]

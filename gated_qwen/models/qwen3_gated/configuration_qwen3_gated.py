@@ -9,7 +9,7 @@ from transformers import Qwen3Config
 from transformers.utils import logging
 
 from ...errors import CheckpointError
-from ...utils.names import GATE_ACTIVATIONS, GATE_COMBINATIONS, GATE_POSITIONS, GATE_TYPES
+from ...utils.names import GATE_ACTIVATIONS, GATE_COMBINATIONS, GATE_POSITIONS, GATE_TYPES, GATE_VARIANT_DEFAULTS
 
 
 logger = logging.get_logger(__name__)
@@ -238,15 +238,6 @@ class Qwen3GatedConfig(GatedAttentionConfigMixin, Qwen3Config):
     @staticmethod
     def normalize_dict(config_dict: dict, source="the config") -> dict:
         return normalize_config_dict(config_dict, source)
-
-
-# The design-space keys and their defaults (the released gate's); gate_type has no default (the flags decide).
-GATE_VARIANT_DEFAULTS = {
-    "gate_position": "sdpa_output",
-    "gate_shared_across_heads": False,
-    "gate_activation": "sigmoid",
-    "gate_combination": "multiplicative",
-}
 
 
 # Keys that only the released gated-attention config (or one saved here) has; a stock Qwen3 or

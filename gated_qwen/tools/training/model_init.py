@@ -17,6 +17,7 @@ from ...errors import GatedQwenError
 from ...models.auto import causal_lm_class
 from ...models.qwen3_gated.configuration_qwen3_gated import Qwen3GatedConfig
 from ...models.qwen3_moe_gated.configuration_qwen3_moe_gated import Qwen3MoeGatedConfig
+from ...utils.names import GATE_VARIANT_DEFAULTS
 from ..training_args import TRAINABLE, TrainingError, TrainRunArguments
 
 
@@ -43,22 +44,13 @@ def _config_values(args: TrainRunArguments) -> dict:
         values.pop("headwise_attn_output_gate", None)
         values.pop("elementwise_attn_output_gate", None)
         values["gate_type"] = args.gate
-        values.update({key: value for key, value in gate_variant(args).items() if value != RELEASED_GATE_VARIANT[key]})
+        values.update({key: value for key, value in gate_variant(args).items() if value != GATE_VARIANT_DEFAULTS[key]})
     return values
-
-
-GATE_VARIANT_KEYS = ("gate_position", "gate_shared_across_heads", "gate_activation", "gate_combination")
-RELEASED_GATE_VARIANT = {
-    "gate_position": "sdpa_output",
-    "gate_shared_across_heads": False,
-    "gate_activation": "sigmoid",
-    "gate_combination": "multiplicative",
-}
 
 
 def gate_variant(args: TrainRunArguments) -> dict:
     """The config keys of the gate variant (``--gate-position`` and the rest), passed with ``--gate``'s type."""
-    return {key: getattr(args, key) for key in GATE_VARIANT_KEYS}
+    return {key: getattr(args, key) for key in GATE_VARIANT_DEFAULTS}
 
 
 def build_config(args: TrainRunArguments, tokenizer) -> Qwen3GatedConfig | Qwen3MoeGatedConfig:
@@ -108,7 +100,7 @@ def check_arguments(args: TrainRunArguments) -> None:
         raise TrainingError(
             "--init says how --gate converts the --init-from checkpoint; give --init-from and --gate with it, or leave --init out"
         )
-    if args.gate is None and gate_variant(args) != RELEASED_GATE_VARIANT:
+    if args.gate is None and gate_variant(args) != GATE_VARIANT_DEFAULTS:
         raise TrainingError(
             "the gate variant options (--gate-position, --gate-shared-across-heads, --gate-activation, "
             "--gate-combination) apply to the gate of --gate; give --gate with them"
