@@ -19,7 +19,7 @@ model is measured on the held-out split:
 Writes ``results/ablation/results.{json,md}`` (every run's numbers, the table, the machine, the versions and
 this command) and keeps the runs under ``--runs`` (a finished run is reused when the script is run again).
 
-    python scripts/prepare_corpus.py && python scripts/run_ablation.py        # about an hour on 2 CPU threads
+    python scripts/prepare_corpus.py && python scripts/run_ablation.py        # about 35 minutes on 2 CPU threads
     python scripts/run_ablation.py --arms baseline "G1 elementwise" --seeds 0 --max-tokens 200000 \\
         --runs /tmp/ablation --results /tmp/ablation-results                     # a quick look
 """
