@@ -11,7 +11,15 @@ from __future__ import annotations
 
 import argparse
 
-from ..utils.names import DEVICES, DTYPES, GATE_ACTIVATIONS, GATE_COMBINATIONS, GATE_POSITIONS, GATE_VARIANT_DEFAULTS
+from ..utils.names import (
+    DEVICES,
+    DTYPES,
+    GATE_ACTIVATIONS,
+    GATE_COMBINATIONS,
+    GATE_POSITIONS,
+    GATE_VARIANT_DEFAULTS,
+    GATE_VARIANT_HELP,
+)
 
 
 def number(kind, low, high=None, low_open=False):
@@ -171,25 +179,19 @@ def add_gate_variant_arguments(parser) -> None:
     >>> gate_variant_options(parser.parse_args(["--gate-position", "value", "--gate-shared-across-heads"]))
     {'gate_position': 'value', 'gate_shared_across_heads': True, 'gate_activation': 'sigmoid', 'gate_combination': 'multiplicative'}
     """
-    parser.add_argument(
-        "--gate-position",
-        choices=GATE_POSITIONS,
-        default="sdpa_output",
-        help="the tensor the gate acts on: sdpa_output (released, G1), value (G2), key (G3), query (G4), "
-        "dense_output (after o_proj, G5)",
-    )
-    parser.add_argument(
-        "--gate-shared-across-heads",
-        action="store_true",
-        help="one set of gate scores shared by all heads (default: each head its own)",
-    )
-    parser.add_argument("--gate-activation", choices=GATE_ACTIVATIONS, default="sigmoid", help="default: sigmoid")
-    parser.add_argument(
-        "--gate-combination",
-        choices=GATE_COMBINATIONS,
-        default="multiplicative",
-        help="multiplicative: Y * act(XW) (default); additive: Y + act(XW)",
-    )
+    choices = {
+        "gate_position": GATE_POSITIONS,
+        "gate_activation": GATE_ACTIVATIONS,
+        "gate_combination": GATE_COMBINATIONS,
+    }
+    for key, default in GATE_VARIANT_DEFAULTS.items():
+        flag = "--" + key.replace("_", "-")
+        if isinstance(default, bool):
+            parser.add_argument(flag, action="store_true", help=GATE_VARIANT_HELP[key])
+        else:
+            parser.add_argument(
+                flag, choices=choices[key], default=default, help=GATE_VARIANT_HELP[key] + " (default %(default)s)"
+            )
 
 
 def gate_variant_options(args) -> dict:

@@ -15,6 +15,7 @@ PARTS = ("models", "loading", "conversion")
 def add_parser(subparsers) -> None:
     # The defaults and choices come from the library's torch-free options module, the one place they are defined.
     from ..tools.benchmark_options import DTYPES, SIZES, BenchmarkOptions
+    from ._arguments import add_gate_variant_arguments
 
     defaults = BenchmarkOptions()
     parser = subparsers.add_parser(
@@ -24,7 +25,8 @@ def add_parser(subparsers) -> None:
         "gate none/headwise/elementwise at one architecture, interleaved in one process (medians over rounds, "
         "each gated arm's time ratio beside its parameter ratio); from_pretrained of a gated checkpoint beside a "
         "stock one; the converter's throughput and peak RSS beside a plain copy. Prints a markdown table and "
-        "writes it with a JSON file of every measurement into --output-dir.",
+        "writes it with a JSON file of every measurement into --output-dir. --gate picks the gated arms and the "
+        "--gate-* options give them a variant of the paper's design space (docs/design-space.md).",
     )
     parser.add_argument(
         "--size",
@@ -40,6 +42,15 @@ def add_parser(subparsers) -> None:
         metavar="KEY=VALUE",
         help="change one config key of the architecture, e.g. --set num_hidden_layers=12 (VALUE is read as JSON)",
     )
+    parser.add_argument(
+        "--gate",
+        dest="gates",
+        choices=defaults.gates,
+        action="append",
+        default=None,
+        help="a gated arm to measure, repeatable (default: both); loading and conversion use the first",
+    )
+    add_gate_variant_arguments(parser)
     parser.add_argument(
         "--batch-sizes",
         type=int,
@@ -110,9 +121,16 @@ def parse_overrides(pairs: list[str]) -> dict:
 
 def command_line(args) -> str:
     """The ``gated-qwen bench`` command that repeats this run (every option spelled out)."""
+    from ..utils.names import GATE_VARIANT_DEFAULTS
+
     words = ["gated-qwen", "bench", "--size", args.size]
     for pair in args.overrides:
         words += ["--set", pair]
+    for gate in args.gates or ():
+        words += ["--gate", gate]
+    for key, value in gate_variant(args).items():
+        flag = "--" + key.replace("_", "-")
+        words += [flag] if isinstance(GATE_VARIANT_DEFAULTS[key], bool) else [flag, value]
     words += ["--batch-sizes", *map(str, args.batch_sizes), "--prompt-length", str(args.prompt_length)]
     words += ["--new-tokens", str(args.new_tokens), "--repeats", str(args.repeats), "--dtype", args.dtype]
     words += ["--device", args.device, "--attn-implementation", args.attn_implementation]
@@ -121,6 +139,20 @@ def command_line(args) -> str:
     for part in args.skip:
         words += ["--skip", part]
     return shlex.join(words)
+
+
+def gate_variant(args) -> dict:
+    """The design-space keys the --gate-* options set away from the released gate's.
+
+    >>> import argparse
+    >>> gate_variant(argparse.Namespace(gate_position="value", gate_shared_across_heads=False,
+    ...                                 gate_activation="silu", gate_combination="multiplicative"))
+    {'gate_position': 'value', 'gate_activation': 'silu'}
+    """
+    from ..utils.names import GATE_VARIANT_DEFAULTS
+    from ._arguments import gate_variant_options
+
+    return {key: value for key, value in gate_variant_options(args).items() if value != GATE_VARIANT_DEFAULTS[key]}
 
 
 def run(args) -> int:
@@ -149,6 +181,8 @@ def run(args) -> int:
         attn_implementation=args.attn_implementation,
         threads=args.threads,
         scratch_dir=args.scratch_dir,
+        gates=tuple(dict.fromkeys(args.gates)) if args.gates else BenchmarkOptions.gates,
+        gate_variant=gate_variant(args),
         **{part: part not in args.skip for part in PARTS},
     )
     result = run_benchmark(

@@ -4,7 +4,8 @@ Four arms share one architecture: transformers' own ``Qwen3ForCausalLM`` and ``Q
 with gate ``none``, ``headwise`` and ``elementwise`` (for a ``moe-`` size, ``Qwen3MoeForCausalLM`` and
 ``Qwen3MoeGatedForCausalLM``, where the parameter counts also say how many a token uses: the gate's cost
 beside the experts'). The ``none`` arm carries the same weights as the
-stock model. All arms live in one process and are measured in rounds, each round running every arm
+stock model. ``BenchmarkOptions.gates`` picks the gated arms and ``gate_variant`` gives them a variant of the
+design space (a value gate, a SiLU gate, ...); the released gate is the default. All arms live in one process and are measured in rounds, each round running every arm
 once in a rotated order, so that machine noise (other processes, clock changes) falls on all of
 them alike. A gated arm's cost is the median over rounds of its time divided by the no-gate arm's
 time *in the same round*; beside it stands the ratio of their parameter counts, the floor that a
@@ -44,7 +45,7 @@ from ..models.qwen3_gated.configuration_qwen3_gated import Qwen3GatedConfig
 from ..models.qwen3_gated.modeling_qwen3_gated import Qwen3GatedForCausalLM
 from ..models.qwen3_moe_gated.configuration_qwen3_moe_gated import Qwen3MoeGatedConfig
 from ..models.qwen3_moe_gated.modeling_qwen3_moe_gated import Qwen3MoeGatedForCausalLM
-from ..utils.names import GATE_TYPES
+from ..utils.names import GATE_VARIANT_DEFAULTS
 from .benchmark_options import DTYPES, SIZES, BenchmarkOptions
 
 
@@ -67,8 +68,7 @@ MOE_KEYS = (
 )
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"  # package data; SIZES["1b"] names a file here
 STOCK_ARM = "qwen3"  # transformers' Qwen3ForCausalLM
-GATES = GATE_TYPES
-ARMS = (STOCK_ARM, *GATES)
+ARMS = (STOCK_ARM, "none", "headwise", "elementwise")  # every arm there can be; options.gates picks the gated
 TORCH_DTYPES = {name: getattr(torch, name) for name in DTYPES}
 TARGET_SLACK = 0.02  # the issue's "within 2%"
 CONVERSION_TIME_TARGET = 2.0  # conversion within 2x the time of copying the files
@@ -109,14 +109,19 @@ def is_moe(arch: dict) -> bool:
     return "num_experts" in arch
 
 
-def gated_config(arch: dict, gate: str) -> Qwen3GatedConfig | Qwen3MoeGatedConfig:
-    return (Qwen3MoeGatedConfig if is_moe(arch) else Qwen3GatedConfig)(
-        **arch, headwise_attn_output_gate=gate == "headwise", elementwise_attn_output_gate=gate == "elementwise"
-    )
+def gate_arms(options: BenchmarkOptions) -> tuple[str, ...]:
+    """The arms of Qwen3Gated: ``none`` and the gated ones ``options.gates`` asks for."""
+    return ("none", *dict.fromkeys(options.gates))
 
 
-def gated_model(arch: dict, gate: str) -> torch.nn.Module:
-    return (Qwen3MoeGatedForCausalLM if is_moe(arch) else Qwen3GatedForCausalLM)(gated_config(arch, gate))
+def gated_config(arch: dict, gate: str, variant: dict | None = None) -> Qwen3GatedConfig | Qwen3MoeGatedConfig:
+    """The config of one arm: the architecture, ``gate`` and (for a gated arm) the design-space ``variant``."""
+    variant = variant if gate != "none" else None
+    return (Qwen3MoeGatedConfig if is_moe(arch) else Qwen3GatedConfig)(**arch, gate_type=gate, **(variant or {}))
+
+
+def gated_model(arch: dict, gate: str, variant: dict | None = None) -> torch.nn.Module:
+    return (Qwen3MoeGatedForCausalLM if is_moe(arch) else Qwen3GatedForCausalLM)(gated_config(arch, gate, variant))
 
 
 def stock_model(arch: dict) -> torch.nn.Module:
@@ -138,9 +143,9 @@ def build_arms(options: BenchmarkOptions) -> dict[str, torch.nn.Module]:
     arch = architecture(options)
     dtype, device = _dtype(options.dtype), torch.device(options.device)
     arms = {}
-    for gate in GATES:
+    for gate in gate_arms(options):
         torch.manual_seed(options.seed)  # same draws for the weights the arms share
-        arms[gate] = gated_model(arch, gate)
+        arms[gate] = gated_model(arch, gate, options.gate_variant)
     stock = stock_model(arch)
     stock.load_state_dict(arms["none"].state_dict())
     arms = {STOCK_ARM: stock, **arms}
@@ -156,7 +161,7 @@ def parameter_counts(options: BenchmarkOptions) -> dict[str, dict[str, int]]:
     arch = architecture(options)
     with torch.device("meta"):
         arms = {STOCK_ARM: stock_model(arch)}
-        arms.update({gate: gated_model(arch, gate) for gate in GATES})
+        arms.update({gate: gated_model(arch, gate, options.gate_variant) for gate in gate_arms(options)})
     counts = {
         "parameters": {name: parameter_count(model) for name, model in arms.items()},
         "layer_parameters": {name: layer_parameter_count(model) for name, model in arms.items()},
@@ -310,17 +315,18 @@ def measure_models(options: BenchmarkOptions) -> dict:
 
 
 def write_checkpoints(options: BenchmarkOptions, folder: Path) -> dict[str, Path]:
-    """A stock Qwen3 checkpoint and its headwise-gated counterpart of the benchmark architecture.
+    """A stock Qwen3 checkpoint and its gated counterpart (the first gated arm) of the benchmark architecture.
 
-    The gated one is a ``save_pretrained`` of a freshly built headwise model, not the converter's
+    The gated one is a ``save_pretrained`` of a freshly built gated model, not the converter's
     output, so that loading is measured independently of conversion.
     """
     arch = architecture(options)
     dtype = _dtype(options.dtype)
     torch.manual_seed(options.seed)
-    paths = {"stock": folder / "qwen3", "headwise": folder / "qwen3-gated-headwise"}
+    gate = options.gates[0]
+    paths = {"stock": folder / "qwen3", gate: folder / f"qwen3-gated-{gate}"}
     stock_model(arch).to(dtype).save_pretrained(paths["stock"])
-    gated_model(arch, "headwise").to(dtype).save_pretrained(paths["headwise"])
+    gated_model(arch, gate, options.gate_variant).to(dtype).save_pretrained(paths[gate])
     return paths
 
 
@@ -329,11 +335,10 @@ def measure_loading(options: BenchmarkOptions, checkpoints: dict[str, Path]) -> 
     arch = architecture(options)
     stock_loader = stock_class(arch)
     gated_loader = Qwen3MoeGatedForCausalLM if is_moe(arch) else Qwen3GatedForCausalLM
+    gate = options.gates[0]
     loaders = {
         STOCK_ARM: lambda: stock_loader.from_pretrained(checkpoints["stock"], dtype="auto", device_map=options.device),
-        "headwise": lambda: gated_loader.from_pretrained(
-            checkpoints["headwise"], dtype="auto", device_map=options.device
-        ),
+        gate: lambda: gated_loader.from_pretrained(checkpoints[gate], dtype="auto", device_map=options.device),
     }
 
     def timed(load):
@@ -353,17 +358,30 @@ def measure_loading(options: BenchmarkOptions, checkpoints: dict[str, Path]) -> 
         if bars_were_on:
             hf_logging.enable_progress_bar()
     return {
+        "gate": gate,
         "bytes": {name: folder_bytes(checkpoints["stock" if name == STOCK_ARM else name]) for name in loaders},
         "seconds": times,
         "median_seconds": {name: statistics.median(t) for name, t in times.items()},
-        "time_ratio_to_qwen3": paired_ratio(times, "headwise", STOCK_ARM),
+        "time_ratio_to_qwen3": paired_ratio(times, gate, STOCK_ARM),
     }
 
 
 def measure_conversion(options: BenchmarkOptions, stock: Path, folder: Path) -> dict:
-    """``convert_checkpoint`` of the stock checkpoint beside ``shutil.copytree`` of it, each in a child process."""
+    """``convert_checkpoint`` of the stock checkpoint beside ``shutil.copytree`` of it, each in a child process.
+
+    The converter adds the first gated arm's gate and variant, at ``init="identity"`` where the variant has one
+    (``"random"`` where it has none: a multiplicative SiLU or an additive sigmoid gate)."""
     from ..checkpoint.formats import local_weight_files, read_local_safetensors_header
+    from ..transforms.conversion import check_identity_init
     from .benchmark_child import run_step
+
+    gate = options.gates[0]
+    try:
+        check_identity_init(gated_config(architecture(options), gate, options.gate_variant), "identity")
+        init = "identity"
+    except GatedQwenError:
+        init = "random"
+    conversion = {"gate": gate, "init": init, **options.gate_variant}
 
     largest = max(
         info.nbytes for file in local_weight_files(stock) for info in read_local_safetensors_header(file).values()
@@ -374,12 +392,13 @@ def measure_conversion(options: BenchmarkOptions, stock: Path, folder: Path) -> 
         shutil.rmtree(target, ignore_errors=True)
         if hasattr(os, "sync"):
             os.sync()  # the previous run's writeback would otherwise fall on this one
-        outcome = run_step(kind, str(stock), str(target))  # in a process of its own: its own peak memory
+        # in a process of its own: its own peak memory
+        outcome = run_step(kind, str(stock), str(target), conversion if kind == "convert" else None)
         shutil.rmtree(target)
         return outcome
 
     runs = interleaved({"copy": "copy", "convert": "convert"}, work, options.repeats)  # lists of outcomes
-    return _summarize_conversion(runs, largest, folder_bytes(stock))
+    return {"converter": conversion, **_summarize_conversion(runs, largest, folder_bytes(stock))}
 
 
 def _summarize_conversion(runs: dict[str, list[dict]], largest: int, source_bytes: int) -> dict:
@@ -454,8 +473,14 @@ def run_benchmark(options: BenchmarkOptions, log: Callable[[str], None] = lambda
         raise GatedQwenError(f"batch sizes must be positive, not {options.batch_sizes}")
     if torch.device(options.device).type == "cuda" and not torch.cuda.is_available():
         raise GatedQwenError(f"device {options.device} asked for, but torch sees no CUDA device")
+    unknown = set(options.gate_variant) - set(GATE_VARIANT_DEFAULTS)
+    if unknown or not options.gates or not set(options.gates) <= {"headwise", "elementwise"}:
+        raise GatedQwenError(
+            f"gates must be headwise and/or elementwise (not {list(options.gates)}) and the gate variant's keys "
+            f"among {', '.join(GATE_VARIANT_DEFAULTS)} (not {', '.join(sorted(unknown)) or '-'})"
+        )
     try:  # size, keys and values of the overrides, checked before anything runs
-        gated_config(architecture(options), "elementwise")
+        gated_config(architecture(options), "none")
     except GatedQwenError:
         raise
     except Exception as error:  # strict config validation raises several error types
@@ -463,6 +488,8 @@ def run_benchmark(options: BenchmarkOptions, log: Callable[[str], None] = lambda
         raise GatedQwenError(
             f"the benchmark architecture is not a valid config ({detail}); check the --set values"
         ) from None
+    for gate in options.gates:  # a variant a gate cannot take (headwise after o_proj) is refused by the config
+        gated_config(architecture(options), gate, options.gate_variant)
     if options.threads is not None:
         torch.set_num_threads(options.threads)
 
@@ -496,14 +523,16 @@ def run_benchmark(options: BenchmarkOptions, log: Callable[[str], None] = lambda
 def check_targets(result: dict) -> list[dict]:
     """The issue's targets against the measurements: one row per target with measured, limit and met.
 
-    Time ratios are paired medians (see :func:`paired_ratio`). The elementwise limit is its extra
-    parameter share over the no-gate arm plus 2%: of all parameters for decode, which reads every
+    Time ratios are paired medians (see :func:`paired_ratio`). The released headwise gate's limit is 1 plus 2%;
+    any other gated arm's (elementwise, or a variant of ``gate_variant``) is its parameter share over the
+    no-gate arm plus 2%: of all parameters for decode, which reads every
     weight each step (the floor of a memory-bound step), and of the decoder layers' parameters for
     prefill, whose compute grows with those alone (see :func:`layer_parameter_count`). For a mixture of
     experts, of the parameters a token uses (the active ones): the idle experts are neither read nor computed.
     """
     rows = []
     moe = "active_parameters" in result
+    variant = result.get("options", {}).get("gate_variant")
     stock_label = "Qwen3MoeForCausalLM" if moe else "Qwen3ForCausalLM"
 
     def add(what, measured, limit, quartiles=None):
@@ -516,13 +545,10 @@ def check_targets(result: dict) -> list[dict]:
             counted = "layer_parameters" if workload.startswith("prefill") else "parameters"
             parameters = result[f"active_{counted}"] if moe else result["models"][counted]
             ratios, quartiles = numbers["time_ratio_to_none"], numbers["time_ratio_quartiles_to_none"]
-            add(f"{workload}: headwise time / none time", ratios["headwise"], 1 + TARGET_SLACK, quartiles["headwise"])
-            add(
-                f"{workload}: elementwise time / none time",
-                ratios["elementwise"],
-                parameters["elementwise"] / parameters["none"] + TARGET_SLACK,
-                quartiles["elementwise"],
-            )
+            for gate in (arm for arm in ratios if arm not in (STOCK_ARM, "none")):
+                # the released headwise gate adds 1 row per head: its floor is 1, as the issue set it
+                share = 1.0 if gate == "headwise" and not variant else parameters[gate] / parameters["none"]
+                add(f"{workload}: {gate} time / none time", ratios[gate], share + TARGET_SLACK, quartiles[gate])
             add(
                 f"{workload}: none time / {stock_label} time",
                 numbers["none_time_ratio_to_qwen3"],
@@ -554,6 +580,29 @@ MOE_ARM_LABELS = {
 }
 
 
+def variant_words(keys: dict) -> list[str]:
+    """The design-space keys in ``keys`` that differ from the released gate, as words.
+
+    >>> variant_words({"gate": "headwise", "gate_position": "value", "gate_shared_across_heads": True})
+    ['value', 'head-shared']
+    """
+    return [
+        "head-shared" if key == "gate_shared_across_heads" else str(value)
+        for key, value in keys.items()
+        if key in GATE_VARIANT_DEFAULTS and value != GATE_VARIANT_DEFAULTS[key]
+    ]
+
+
+def arm_labels(result: dict) -> dict[str, str]:
+    """Each arm's name in the tables; a gated arm's names its variant (``Qwen3Gated headwise (value, silu)``)."""
+    labels = dict(MOE_ARM_LABELS if result.get("active_parameters") else ARM_LABELS)
+    words = variant_words(result.get("options", {}).get("gate_variant") or {})
+    if words:
+        for gate in ("headwise", "elementwise"):
+            labels[gate] += f" ({', '.join(words)})"
+    return labels
+
+
 def _active_column(result: dict, arm: str) -> list[str]:
     """For a mixture of experts, a token's parameters (the active ones) and their ratio to the no-gate arm's."""
     active = result.get("active_parameters")
@@ -564,17 +613,19 @@ def _active_column(result: dict, arm: str) -> list[str]:
 
 def _loading_lines(loading: dict, labels: dict) -> list[str]:
     lines = ["| from_pretrained | checkpoint | median seconds |", "|---|---|---|"]
-    for arm in (STOCK_ARM, "headwise"):
-        label = (
-            f"{labels[arm].removeprefix('transformers ')}, {'stock' if arm == STOCK_ARM else 'headwise'} checkpoint"
-        )
+    gate = loading.get("gate", "headwise")
+    for arm in (STOCK_ARM, gate):
+        label = f"{labels[arm].removeprefix('transformers ')}, {'stock' if arm == STOCK_ARM else gate} checkpoint"
         lines.append(f"| {label} | {loading['bytes'][arm] / 1e6:.0f} MB | {loading['median_seconds'][arm]:.3f} |")
     return [*lines, f"| gated / stock (paired median) | | {loading['time_ratio_to_qwen3']:.3f} |", ""]
 
 
 def _conversion_lines(conversion: dict) -> list[str]:
     lines = ["| files | median seconds | MB/s | peak RSS |", "|---|---|---|---|"]
-    for kind, label in (("copy", "shutil.copytree"), ("convert", "convert_checkpoint (headwise)")):
+    converter = conversion.get("converter", {"gate": "headwise", "init": "identity"})
+    init = [] if converter["init"] == "identity" else [f"{converter['init']} init"]
+    described = ", ".join([converter["gate"], *variant_words(converter), *init])
+    for kind, label in (("copy", "shutil.copytree"), ("convert", f"convert_checkpoint ({described})")):
         lines.append(
             f"| {label} | {conversion['median_seconds'][kind]:.3f} | {conversion['megabytes_per_second'][kind]:.0f} "
             f"| {conversion['peak_rss'][kind] / 1e6:.0f} MB |"
@@ -598,7 +649,7 @@ def format_markdown(result: dict) -> str:
     | arm | parameters | params / none | layer params / none | prefill b1 tokens/s | time / none | decode b1 tokens/s | time / none |
     """
     lines = []
-    labels = MOE_ARM_LABELS if result.get("active_parameters") else ARM_LABELS
+    labels = arm_labels(result)
     active_header = ["active params", "active / none"] if result.get("active_parameters") else []
     if "models" not in result and "parameters" in result:  # speed skipped: the parameter counts alone
         parameters, layer_parameters = result["parameters"], result["layer_parameters"]

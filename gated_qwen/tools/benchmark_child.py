@@ -1,6 +1,7 @@
 """One measured step of a benchmark, alone in a fresh Python process.
 
-``python -m gated_qwen.tools.benchmark_child STEP SRC DST`` runs STEP once and prints one JSON object:
+``python -m gated_qwen.tools.benchmark_child STEP SRC DST [OPTIONS]`` runs STEP once (OPTIONS: a JSON object of
+the step's keyword arguments) and prints one JSON object:
 ``seconds`` (the step alone), ``peak_rss`` (the process's peak resident memory, imports included),
 ``import_peak_rss`` (the peak before the step: Python, torch and transformers) and what the step adds.
 A step runs in a process of its own so that its peak memory is its own: the kernel keeps ``ru_maxrss``
@@ -44,10 +45,11 @@ def _copy(src: str, dst: str) -> dict:
     return {}
 
 
-def _convert(src: str, dst: str) -> dict:
+def _convert(src: str, dst: str, **conversion) -> dict:
     from gated_qwen.transforms.conversion import convert_checkpoint
 
-    return {"bytes": convert_checkpoint(src, dst, gate="headwise", progress=False).total_size}
+    conversion = {"gate": "headwise", **conversion}  # the gate, init and design-space keys
+    return {"bytes": convert_checkpoint(src, dst, progress=False, **conversion).total_size}
 
 
 def _resave(src: str, dst: str) -> dict:
@@ -72,21 +74,23 @@ def _load(src: str, dst: str) -> dict:
 STEPS = {
     "import-only": lambda src, dst: {},  # the floor of every other step
     "copy": _copy,  # shutil.copytree SRC DST
-    "convert": _convert,  # convert_checkpoint(SRC, DST, gate="headwise")
+    "convert": _convert,  # convert_checkpoint(SRC, DST, gate="headwise", **OPTIONS)
     "resave": _resave,  # convert_checkpoint(SRC, DST, gate="keep")
     "load": _load,  # from_pretrained(SRC) + one forward
 }
 
 
-def run_step(step: str, src: str, dst: str = "") -> dict:
-    """Run ``step`` in a fresh Python process and return what it printed.
+def run_step(step: str, src: str, dst: str = "", options: dict | None = None) -> dict:
+    """Run ``step`` in a fresh Python process and return what it printed; ``options`` are the step's keyword
+    arguments (``convert``: ``{"gate": "elementwise", "gate_position": "value"}``), passed as JSON.
 
     >>> run_step("import-only", ".")["seconds"] < 1.0
     True
     """
     from ..errors import GatedQwenError
 
-    process = subprocess.run([sys.executable, "-m", __name__, step, src, dst], capture_output=True, text=True)
+    command = [sys.executable, "-m", __name__, step, src, dst, json.dumps(options or {})]
+    process = subprocess.run(command, capture_output=True, text=True)
     if process.returncode:
         message = process.stderr.strip().splitlines()[-1:] or ["no message"]
         raise GatedQwenError(
@@ -96,14 +100,15 @@ def run_step(step: str, src: str, dst: str = "") -> dict:
 
 
 def main(argv: list[str]) -> None:
-    step, src, dst = argv
+    step, src, dst, *options = argv
+    options = json.loads(options[0]) if options else {}
     import torch  # noqa: F401  (every step pays the same imports before its clock starts)
 
     import gated_qwen.transforms.conversion  # noqa: F401
 
     import_peak_rss = peak_rss()
     start = time.perf_counter()
-    extra = STEPS[step](src, dst)
+    extra = STEPS[step](src, dst, **options)
     seconds = time.perf_counter() - start
     print(json.dumps({"seconds": seconds, "peak_rss": peak_rss(), "import_peak_rss": import_peak_rss, **extra}))
 

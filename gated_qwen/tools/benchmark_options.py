@@ -72,7 +72,8 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 @dataclass
 class BenchmarkOptions:
-    """What to measure. ``size`` names an entry of :data:`SIZES`; ``overrides`` change single config keys."""
+    """What to measure. ``size`` names an entry of :data:`SIZES`; ``overrides`` change single config keys;
+    ``gate_variant`` (e.g. ``{"gate_position": "value"}``) gives the gated arms a variant of the design space."""
 
     size: str = "100m"
     overrides: dict = field(default_factory=dict)
@@ -89,6 +90,10 @@ class BenchmarkOptions:
     conversion: bool = True
     scratch_dir: str | None = None  # where checkpoints are written; a temporary folder by default
     seed: int = 0
+    # The gated arms beside transformers' model and the no-gate arm, and the design-space keys they take
+    # (docs/design-space.md; empty: the released gate). Loading and conversion use the first gated arm.
+    gates: tuple[str, ...] = ("headwise", "elementwise")
+    gate_variant: dict = field(default_factory=dict)
 
 
 __all__ = ["DTYPES", "SIZES", "BenchmarkOptions"]

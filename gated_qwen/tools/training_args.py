@@ -10,7 +10,15 @@ import dataclasses
 import math
 
 from ..errors import GatedQwenError
-from ..utils.names import CONVERSION_INITS, GATE_ACTIVATIONS, GATE_COMBINATIONS, GATE_POSITIONS, GATE_TYPES
+from ..utils.names import (
+    CONVERSION_INITS,
+    GATE_ACTIVATIONS,
+    GATE_COMBINATIONS,
+    GATE_POSITIONS,
+    GATE_TYPES,
+    GATE_VARIANT_DEFAULTS,
+    GATE_VARIANT_HELP,
+)
 
 
 DEFAULT_VOCAB_SIZE = 4096  # of the BPE trained when no tokenizer is given
@@ -137,21 +145,25 @@ class TrainRunArguments:
         choices=GATE_TYPES,
     )
     gate_position: str = _option(
-        "sdpa_output",
-        help="the tensor the gate acts on: sdpa_output (released, G1), value (G2), key (G3), query (G4), "
-        "dense_output (after o_proj, G5)" + _DEFAULT,
+        GATE_VARIANT_DEFAULTS["gate_position"],
+        help=GATE_VARIANT_HELP["gate_position"] + _DEFAULT,
         group="model",
         choices=GATE_POSITIONS,
     )
     gate_shared_across_heads: bool = _option(
-        False, help="one set of gate scores shared by all heads (default: each head its own)", group="model"
+        GATE_VARIANT_DEFAULTS["gate_shared_across_heads"],
+        help=GATE_VARIANT_HELP["gate_shared_across_heads"],
+        group="model",
     )
     gate_activation: str = _option(
-        "sigmoid", help="the gate's activation" + _DEFAULT, group="model", choices=GATE_ACTIVATIONS
+        GATE_VARIANT_DEFAULTS["gate_activation"],
+        help=GATE_VARIANT_HELP["gate_activation"] + _DEFAULT,
+        group="model",
+        choices=GATE_ACTIVATIONS,
     )
     gate_combination: str = _option(
-        "multiplicative",
-        help="multiplicative: Y * act(XW); additive: Y + act(XW)" + _DEFAULT,
+        GATE_VARIANT_DEFAULTS["gate_combination"],
+        help=GATE_VARIANT_HELP["gate_combination"] + _DEFAULT,
         group="model",
         choices=GATE_COMBINATIONS,
     )

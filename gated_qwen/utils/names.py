@@ -26,6 +26,14 @@ GATE_VARIANT_DEFAULTS = {
     "gate_activation": "sigmoid",
     "gate_combination": "multiplicative",
 }
+# What each of those keys does, as the command lines (convert, train, bench) say it.
+GATE_VARIANT_HELP = {
+    "gate_position": "the tensor the gate acts on: sdpa_output (released, G1), value (G2), key (G3), query (G4), "
+    "dense_output (after o_proj, G5)",
+    "gate_shared_across_heads": "one set of gate scores shared by all heads (default: each head its own)",
+    "gate_activation": "the gate's activation",
+    "gate_combination": "multiplicative: Y * act(XW); additive: Y + act(XW)",
+}
 CONVERSION_GATES = ("headwise", "elementwise")  # the gates the converter adds to a stock Qwen3
 CHECKPOINT_CONVERSION_GATES = (*CONVERSION_GATES, "keep")  # keep: re-save a gated checkpoint's own gate
 CONVERSION_INITS = ("identity", "random")
@@ -62,5 +70,6 @@ __all__ = [
     "GATE_POSITIONS",
     "GATE_TYPES",
     "GATE_VARIANT_DEFAULTS",
+    "GATE_VARIANT_HELP",
     "model_label",
 ]

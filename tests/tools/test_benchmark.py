@@ -129,6 +129,7 @@ def test_existing_results_are_not_overwritten_unless_asked(tmp_path, capsys):
         (["--set", 'num_hidden_layers="two"'], "not a valid config"),
         (["--repeats", "0"], "repeats must be at least 1"),
         (["--new-tokens", "1"], "new tokens must be at least 2"),
+        (["--gate-position", "dense_output"], "headwise"),  # the default arms include headwise: no heads after o_proj
         pytest.param(
             ["--device", "cuda"],
             "torch sees no CUDA device",
@@ -211,3 +212,48 @@ def test_size_1b_is_the_released_architecture_from_configs():
         "head_dim": 128,
     }
     assert arch["num_hidden_layers"] == 2 and arch["tie_word_embeddings"] is True
+
+
+def test_a_gate_variant_reaches_every_arm_the_loader_and_the_converter(tmp_path):
+    """--gate and --gate-* through the CLI: the arms asked for, built as the variant, and the converter given it."""
+    out = tmp_path / "out"
+    variant = ["--gate-position", "value", "--gate-activation", "silu", "--gate-combination", "additive"]
+    status = main(["bench", *TINY, "--gate", "elementwise", *variant, "--output-dir", str(out)])
+    assert status == 0
+    result = json.loads((out / "benchmark.json").read_text())
+    assert result["options"]["gates"] == ["elementwise"]
+    assert set(result["models"]["workloads"]["decode_b1"]["seconds"]) == {"qwen3", "none", "elementwise"}
+    # a value gate's own projection: one score per kv-head channel, from the hidden state, in each layer
+    arch = result["architecture"]
+    g_proj = arch["num_hidden_layers"] * arch["hidden_size"] * arch["num_key_value_heads"] * arch["head_dim"]
+    assert result["parameters"]["elementwise"] - result["parameters"]["none"] == g_proj
+    assert result["loading"]["gate"] == "elementwise"
+    converter = {"gate": "elementwise", "init": "identity", "gate_position": "value", "gate_activation": "silu"}
+    assert result["conversion"]["converter"] == {**converter, "gate_combination": "additive"}
+    assert [row["target"] for row in result["targets"]][:1] == ["prefill_b1: elementwise time / none time"]
+    assert (
+        "--gate elementwise --gate-position value --gate-activation silu --gate-combination additive"
+        in (result["command"])
+    )
+    assert "| Qwen3Gated elementwise (value, silu, additive) |" in (out / "benchmark.md").read_text()
+
+
+def test_build_arms_gives_the_gated_arms_the_variant_and_the_no_gate_arm_none():
+    arms = build_arms(BenchmarkOptions(size="tiny", gates=("headwise",), gate_variant={"gate_position": "key"}))
+    assert list(arms) == ["qwen3", "none", "headwise"]
+    assert arms["headwise"].config.gate_position == "key" and arms["none"].config.gate_position == "sdpa_output"
+    assert hasattr(arms["headwise"].model.layers[0].self_attn, "g_proj")
+
+
+def test_the_converter_step_writes_the_variant_it_is_given(tmp_path):
+    """The child process converts with the options it is passed (JSON on its command line)."""
+    from gated_qwen.tools.benchmark import architecture, stock_model
+    from gated_qwen.tools.benchmark_child import run_step
+
+    stock = tmp_path / "stock"
+    stock_model(architecture(BenchmarkOptions(size="tiny"))).save_pretrained(stock)
+    options = {"gate": "headwise", "init": "random", "gate_activation": "silu"}  # no identity: random init
+    outcome = run_step("convert", str(stock), str(tmp_path / "gated"), options)
+    config = json.loads((tmp_path / "gated" / "config.json").read_text())
+    assert outcome["bytes"] > 0
+    assert (config["gate_type"], config["gate_activation"]) == ("headwise", "silu")
