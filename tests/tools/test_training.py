@@ -621,6 +621,36 @@ def test_resuming_a_finished_run_keeps_its_results(finished_run, tmp_path):
     assert (copy / "final" / "model.safetensors").read_bytes() == (run / "final" / "model.safetensors").read_bytes()
 
 
+def test_a_run_finishes_from_a_checkpoint_whose_weights_are_sharded(finished_run, tmp_path):
+    """save_pretrained shards a model above its max_shard_size (an index and several files): such a checkpoint is
+    read as a whole one; one with no weights at all (FSDP's sharded state) is refused in one line."""
+    import shutil
+
+    from huggingface_hub import save_torch_state_dict
+    from safetensors.torch import load_file
+
+    corpus, run, summary = finished_run
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    (copy / "summary.json").unlink()
+    shutil.rmtree(copy / "final")
+    weights = copy / "checkpoint-4" / "model.safetensors"
+    save_torch_state_dict(load_file(weights), weights.parent, max_shard_size=20_000)
+    weights.unlink(missing_ok=True)  # save_torch_state_dict removes the single file itself
+    assert len(list(weights.parent.glob("model-*.safetensors"))) > 1
+    done = train(tiny_args(corpus, copy, max_steps=4, save_every=2), resume=copy)
+    assert done["final_train_loss"] == summary["final_train_loss"] and done["heldout"] == summary["heldout"]
+    assert (copy / "final" / "model.safetensors").read_bytes() == (run / "final" / "model.safetensors").read_bytes()
+
+    shutil.rmtree(copy / "final")
+    (copy / "summary.json").unlink()
+    for shard in weights.parent.glob("model*.safetensors*"):
+        shard.unlink()
+    with pytest.raises(TrainingError, match="has no model.safetensors \\(nor its index\\).*FULL_STATE_DICT"):
+        train(tiny_args(corpus, copy, max_steps=4, save_every=2), resume=copy / "checkpoint-4")
+    assert not (copy / "final").exists()
+
+
 def test_a_checkpoint_a_killed_run_did_not_finish_is_not_resumed_from(finished_run, tmp_path):
     """Trainer writes checkpoint-STEP/ in place; run_state.json comes last, so a folder without it is unfinished."""
     import shutil

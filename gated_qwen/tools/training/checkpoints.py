@@ -19,7 +19,9 @@ from ..training_args import RUN_DATA_KEYS, TrainingError, TrainRunArguments
 
 RUN_STATE = "run_state.json"  # ours, written after Trainer's files: a checkpoint without it is unfinished
 RUN_FILES = ("tokenizer", "train_args.json")  # what a run writes into --out before its first step
-CHECKPOINT_FILES = (RUN_STATE, "trainer_state.json", "model.safetensors", "optimizer.pt", "scheduler.pt")
+CHECKPOINT_FILES = (RUN_STATE, "trainer_state.json", "optimizer.pt", "scheduler.pt")
+# The model's weights: one file, or shards with their index (save_pretrained shards a model above 50 GB)
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
 
 
 def latest_checkpoint(folder: str | Path) -> Path:
@@ -71,6 +73,11 @@ def read_checkpoint(checkpoint: str | Path) -> dict:
     for name in CHECKPOINT_FILES:
         if not (checkpoint / name).is_file():
             raise TrainingError(f"{checkpoint} has no {name}; it is not a whole checkpoint of this package: {advice}")
+    if not any((checkpoint / name).is_file() for name in WEIGHT_FILES):
+        raise TrainingError(
+            f"{checkpoint} has no model.safetensors (nor its index); it is not a whole checkpoint of this package "
+            f"(FSDP writes the whole model only with state_dict_type FULL_STATE_DICT): {advice}"
+        )
     if not any(checkpoint.glob("rng_state*.pth")):
         raise TrainingError(
             f"{checkpoint} has no rng_state.pth; it is not a whole checkpoint of this package: {advice}"

@@ -539,17 +539,14 @@ def _named_groups(groups: list[dict], model) -> list[dict]:
 
 
 def _load_weights(trainer: GatedTrainer, checkpoint: Path) -> None:
-    """The model weights of ``checkpoint`` into ``trainer.model``, as Trainer's resume loads them (not strict: tied
-    weights are saved once), through public functions; FSDP and DeepSpeed checkpoints only Trainer reads."""
+    """The model weights of ``checkpoint`` (one file or shards, checked by ``read_checkpoint``) into
+    ``trainer.model``, as Trainer's resume loads them (not strict: tied weights are saved once), through public
+    readers. Trainer writes them for a plain run, for FSDP with ``FULL_STATE_DICT`` and for DeepSpeed."""
+    from safetensors.torch import load_file
     from transformers.trainer_utils import load_sharded_checkpoint
 
-    if trainer.is_fsdp_enabled or trainer.is_deepspeed_enabled:
-        trainer._load_from_checkpoint(str(checkpoint))  # their sharded formats: no public reader
-        return
     weights = checkpoint / "model.safetensors"
     if weights.is_file():
-        from safetensors.torch import load_file
-
         trainer.model.load_state_dict(load_file(weights, device="cpu"), strict=False)
     else:
         load_sharded_checkpoint(trainer.model, str(checkpoint), strict=False)
