@@ -51,6 +51,30 @@ def add_parser(subparsers) -> None:
         help="a gated arm to measure, repeatable (default: both); loading and conversion use the first",
     )
     add_gate_variant_arguments(parser)
+    add_workload_arguments(parser, defaults)
+    parser.add_argument("--dtype", choices=list(DTYPES), default=defaults.dtype)
+    parser.add_argument("--device", default=defaults.device, help="cpu, cuda, cuda:1, ... (default %(default)s)")
+    parser.add_argument(
+        "--attn-implementation",
+        default=defaults.attn_implementation,
+        help="sdpa, eager, flash_attention_2, ... (default %(default)s)",
+    )
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
+    parser.add_argument("--skip", choices=PARTS, action="append", default=[], help="leave out a part; repeatable")
+    parser.add_argument(
+        "--scratch-dir", default=None, help="where the benchmark checkpoints are written (default: a temporary folder)"
+    )
+    parser.add_argument(
+        "--output-dir",
+        default="benchmark-results",
+        help="folder for benchmark.md and benchmark.json (default %(default)s)",
+    )
+    parser.add_argument("--overwrite", action="store_true", help="replace benchmark.md/.json already in --output-dir")
+    parser.set_defaults(run=run)
+
+
+def add_workload_arguments(parser, defaults) -> None:
+    """What each arm runs: the prefill batch sizes, prompt and decode lengths, and the measured rounds."""
     parser.add_argument(
         "--batch-sizes",
         type=int,
@@ -80,25 +104,6 @@ def add_parser(subparsers) -> None:
         metavar="N",
         help="measured rounds after one warm-up (default %(default)s)",
     )
-    parser.add_argument("--dtype", choices=list(DTYPES), default=defaults.dtype)
-    parser.add_argument("--device", default=defaults.device, help="cpu, cuda, cuda:1, ... (default %(default)s)")
-    parser.add_argument(
-        "--attn-implementation",
-        default=defaults.attn_implementation,
-        help="sdpa, eager, flash_attention_2, ... (default %(default)s)",
-    )
-    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
-    parser.add_argument("--skip", choices=PARTS, action="append", default=[], help="leave out a part; repeatable")
-    parser.add_argument(
-        "--scratch-dir", default=None, help="where the benchmark checkpoints are written (default: a temporary folder)"
-    )
-    parser.add_argument(
-        "--output-dir",
-        default="benchmark-results",
-        help="folder for benchmark.md and benchmark.json (default %(default)s)",
-    )
-    parser.add_argument("--overwrite", action="store_true", help="replace benchmark.md/.json already in --output-dir")
-    parser.set_defaults(run=run)
 
 
 def parse_overrides(pairs: list[str]) -> dict:
