@@ -66,8 +66,14 @@ def resolve_source(
     Raises :class:`GatedQwenError` with one line saying what is wrong: see the module docstring. For a
     hub id this costs one request (or a look into the local cache when offline).
 
-    >>> resolve_source("QwQZh/gated_attention", "1B_gate_headwise") is None  # doctest: +SKIP
+    >>> from gated_qwen.default_models import default_model_path
+    >>> models = default_model_path().parent  # headwise/ and baseline/, as the hub repository holds its arms
+    >>> resolve_source(str(models), "headwise") == models / "headwise"
     True
+    >>> resolve_source(str(models), "no_such_arm")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    gated_qwen.errors.GatedQwenError: ... has no subfolder 'no_such_arm'; it holds baseline, headwise: pass one...
     """
     source = str(source)
     path = Path(source).expanduser()
@@ -106,7 +112,7 @@ def check_hub_repository(
 
     Offline, the repository's ``config.json`` must be in the local cache.
 
-    >>> check_hub_repository("QwQZh/gated_attention", "1B_no_such_arm")  # doctest: +SKIP
+    >>> check_hub_repository("QwQZh/gated_attention", "1B_no_such_arm")  # needs the network  # doctest: +SKIP
     Traceback (most recent call last):
     ...
     gated_qwen.errors.GatedQwenError: QwQZh/gated_attention has no subfolder '1B_no_such_arm' with a config.json; it holds ...

@@ -75,8 +75,18 @@ def strict_from_pretrained(
     read under the same rules: each quantized weight's stored parts count as the weight, and its shape is
     checked on the loaded model, where the quantized tensor reports the shape of the weight it stands for.
 
-    >>> model = Qwen3GatedForCausalLM.from_pretrained("path/to/1B_gate_headwise")  # doctest: +SKIP
-    >>> model = Qwen3GatedForCausalLM.from_pretrained("path/to/bare_model", strict=False)  # doctest: +SKIP
+    >>> from gated_qwen import Qwen3GatedForCausalLM
+    >>> from gated_qwen.default_models import default_model_path
+    >>> folder = default_model_path("headwise")
+    >>> Qwen3GatedForCausalLM.from_pretrained(folder).config.gate_type
+    'headwise'
+    >>> Qwen3GatedForCausalLM.from_pretrained(folder, use_qk_norm=False)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    gated_qwen.errors.WeightShapeMismatchError: ...use_qk_norm False, but the checkpoint has ...k_norm.weight...
+    >>> model = Qwen3GatedForCausalLM.from_pretrained(folder, use_qk_norm=False, strict=False)  # drops QK-norm
+    >>> model.config.use_qk_norm
+    False
     """
     from transformers.configuration_utils import PreTrainedConfig
 
@@ -136,8 +146,10 @@ def install_strict_loading(model_class: type) -> None:
 
     Idempotent. ``gated_qwen/__init__.py`` calls it for each entry of its ``STRICT_LOADING``.
 
-    >>> from gated_qwen.models.qwen3_gated.modeling_qwen3_gated import Qwen3GatedPreTrainedModel  # doctest: +SKIP
-    >>> install_strict_loading(Qwen3GatedPreTrainedModel)  # doctest: +SKIP
+    >>> from gated_qwen.models.qwen3_gated.modeling_qwen3_gated import Qwen3GatedForCausalLM, Qwen3GatedPreTrainedModel
+    >>> install_strict_loading(Qwen3GatedPreTrainedModel)  # import gated_qwen has already: this changes nothing
+    >>> Qwen3GatedForCausalLM.from_pretrained.__module__  # the subclasses inherit the strict loader
+    'gated_qwen.checkpoint.loading'
     """
     installed = vars(model_class).get("from_pretrained")
     if getattr(getattr(installed, "__func__", None), _STRICT_MARK, False):

@@ -41,9 +41,11 @@ def read_checkpoint_header(
     hub only config.json, the index and the safetensors headers are fetched (HTTP range reads); of
     pickle weights only the file sizes can be had without the download.
 
-    >>> header = read_checkpoint_header("QwQZh/gated_attention", subfolder="1B_gate_headwise")  # doctest: +SKIP
-    >>> header.weights_format, header.file_sizes  # doctest: +SKIP
-    ('pytorch', {'1B_gate_headwise/pytorch_model.bin': 3443587890})
+    >>> from gated_qwen.default_models import default_model_path
+    >>> models = default_model_path().parent  # headwise/ and baseline/, as the hub repository holds its arms
+    >>> header = read_checkpoint_header(models, subfolder="headwise")
+    >>> header.weights_format, header.tensors["model.layers.0.self_attn.q_proj.weight"]
+    ('safetensors', TensorInfo(shape=(260, 256), dtype='BF16'))
     """
     local = Path(path_or_repo_id) / subfolder
     if local.is_dir():
@@ -70,7 +72,7 @@ def hub_weight_files(
     Safetensors where the repository has them, else ``pytorch_model.bin``; an index's shards are
     read from the index. ``(None, {})`` where there are no weights.
 
-    >>> hub_weight_files("QwQZh/gated_attention", "1B_gate_headwise")  # doctest: +SKIP
+    >>> hub_weight_files("QwQZh/gated_attention", "1B_gate_headwise")  # needs the network  # doctest: +SKIP
     ('pytorch', {'1B_gate_headwise/pytorch_model.bin': 3443587890})
     """
     from huggingface_hub import HfApi, hf_hub_download
@@ -132,8 +134,10 @@ def resolve_weight_files(path_or_repo_id: str | os.PathLike, **hub_kwargs) -> li
     file), then ``pytorch_model.bin`` (index or single file). Takes from_pretrained's hub arguments
     (``subfolder``, ``revision``, ...); returns [] when the checkpoint has no weights.
 
-    >>> resolve_weight_files("QwQZh/gated_attention", subfolder="1B_baseline")  # doctest: +SKIP
-    ['/root/.cache/huggingface/hub/.../1B_baseline/pytorch_model.bin']
+    >>> from gated_qwen.default_models import default_model_path
+    >>> models = default_model_path().parent  # headwise/ and baseline/, as the hub repository holds its arms
+    >>> resolve_weight_files(models, subfolder="baseline") == [str(models / "baseline" / "model.safetensors")]
+    True
     """
     from transformers.utils import cached_file
 
@@ -175,8 +179,10 @@ def read_config_json(src: str | os.PathLike, subfolder: str = "", revision: str 
     Commands that can refuse a checkpoint from its config alone read it first, so that a refusal costs
     no weight download.
 
-    >>> read_config_json("QwQZh/gated_attention", "1B_gate_headwise")["model_type"]  # doctest: +SKIP
-    'qwen2'
+    >>> from gated_qwen.default_models import default_model_path
+    >>> models = default_model_path().parent  # headwise/ and baseline/, as the hub repository holds its arms
+    >>> read_config_json(models, "headwise")["model_type"]
+    'qwen3_gated'
     """
     local = Path(src).expanduser()
     if local.is_dir():
@@ -206,8 +212,10 @@ def checkpoint_folder(src: str | os.PathLike, subfolder: str = "", revision: str
     From the hub come config.json, one weight format (safetensors where the repository has them, else
     ``pytorch_model.bin``), the tokenizer and generation config (:data:`AUXILIARY_FILES`); never Python files.
 
-    >>> checkpoint_folder("QwQZh/gated_attention", "1B_gate_headwise")  # doctest: +SKIP
-    PosixPath('/root/.cache/huggingface/hub/models--QwQZh--gated_attention/snapshots/aad415c.../1B_gate_headwise')
+    >>> from gated_qwen.default_models import default_model_path
+    >>> models = default_model_path().parent  # headwise/ and baseline/, as the hub repository holds its arms
+    >>> checkpoint_folder(models, "headwise") == models / "headwise"  # a local folder is used where it lies
+    True
     """
     local = Path(src).expanduser()
     if local.is_dir():

@@ -295,8 +295,9 @@ def quantized_parameters(tensors: Mapping[str, TensorInfo]) -> tuple[dict[str, T
     as for any other; its entry is one part's header, whose shape is the quantizer's (packed formats store
     another shape than the weight's): check it on the loaded model (:func:`loaded_shapes`).
 
-    >>> quantized_parameters({"q_proj._weight_qdata": info, "q_proj._weight_scale": scale})  # doctest: +SKIP
-    ({'q_proj.weight': info}, {'q_proj.weight'})
+    >>> qdata, scale = TensorInfo((36, 32), "I8"), TensorInfo((36, 1), "F32")  # int8 weight, one scale per row
+    >>> quantized_parameters({"q_proj._weight_qdata": qdata, "q_proj._weight_scale": scale})
+    ({'q_proj.weight': TensorInfo(shape=(36, 32), dtype='I8')}, {'q_proj.weight'})
     """
     plain: dict[str, TensorInfo] = {}
     quantized: set[str] = set()
@@ -314,7 +315,13 @@ def loaded_shapes(model, tensors: Mapping[str, TensorInfo], names: set[str]) -> 
     """``tensors`` with the shapes of ``names`` taken from the loaded ``model``: a quantized weight (a torchao
     tensor subclass) reports the shape of the weight it stands for, whatever its storage.
 
-    >>> check_weights_match_config(config, loaded_shapes(model, tensors, quantized))  # doctest: +SKIP
+    >>> from gated_qwen import Qwen3GatedConfig, Qwen3GatedForCausalLM
+    >>> config = Qwen3GatedConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    ...                           num_attention_heads=4, num_key_value_heads=2, head_dim=8, gate_type="headwise")
+    >>> model, name = Qwen3GatedForCausalLM(config), "model.layers.0.self_attn.q_proj.weight"
+    >>> tensors = {name: TensorInfo((36, 16), "U8")}  # two 4-bit values a byte: not the weight's shape
+    >>> loaded_shapes(model, tensors, {name})[name].shape  # 4 heads of 8 query rows and 1 gate row, 32 wide
+    (36, 32)
     """
     params = model.state_dict()
     shapes = dict(tensors)
@@ -426,10 +433,14 @@ def check_layer_count(
     the config object is built, whose construction grows with ``num_hidden_layers`` (transformers makes and
     validates a list of per-layer attention types).
 
-    >>> check_layer_count(20000, read_checkpoint_header(folder).tensors, str(folder))  # doctest: +SKIP
+    >>> from gated_qwen.default_models import default_model_path
+    >>> from gated_qwen.checkpoint import read_checkpoint_header
+    >>> folder = default_model_path("headwise")  # the shipped 4-layer model
+    >>> check_layer_count(4, read_checkpoint_header(folder).tensors, str(folder))  # agrees: returns None
+    >>> check_layer_count(20000, read_checkpoint_header(folder).tensors, str(folder))  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    gated_qwen.errors.CheckpointError: ...: config.json says num_hidden_layers 20000, but the checkpoint holds 2 layers. ...
+    gated_qwen.errors.CheckpointError: ...says num_hidden_layers 20000, but the checkpoint holds 4 layers...
     """
     layers: dict[int, str] = {}
     for name in tensors:
@@ -469,7 +480,17 @@ def check_weights_match_config(
     how many more there are, and what to do; ``advice`` is added to the last (say, ``strict=False``).
     ``unchecked``: names whose shapes are not compared (see :func:`weight_disagreements`).
 
-    >>> check_weights_match_config(config, read_checkpoint_header(folder).tensors, str(folder))  # doctest: +SKIP
+    >>> from gated_qwen import Qwen3GatedConfig
+    >>> from gated_qwen.default_models import default_model_path
+    >>> from gated_qwen.checkpoint import read_checkpoint_header
+    >>> folder = default_model_path("headwise")
+    >>> config, tensors = Qwen3GatedConfig.from_pretrained(folder), read_checkpoint_header(folder).tensors
+    >>> check_weights_match_config(config, tensors, str(folder))  # agrees: returns None
+    >>> config.vocab_size = 500000000
+    >>> check_weights_match_config(config, tensors, str(folder))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    gated_qwen.errors.WeightShapeMismatchError: ...says vocab_size 500000000, but model.embed_tokens.weight is (4096...
     """
     _refuse(source, weight_disagreements(config, tensors, sizes, unchecked), advice, error=WeightShapeMismatchError)
 
@@ -492,7 +513,16 @@ def check_q_proj_layout(config, tensors: Mapping[str, TensorInfo], source: str =
     the found shape implies, so that gate rows are never silently dropped or initialised at random.
     :func:`check_weights_match_config` applies this rule among the others.
 
-    >>> check_q_proj_layout(config, read_checkpoint_header(folder).tensors)  # doctest: +SKIP
+    >>> from gated_qwen import Qwen3GatedConfig
+    >>> from gated_qwen.default_models import default_model_path
+    >>> from gated_qwen.checkpoint import read_checkpoint_header
+    >>> config = Qwen3GatedConfig.from_pretrained(default_model_path("headwise"))
+    >>> check_q_proj_layout(config, read_checkpoint_header(default_model_path("headwise")).tensors)  # returns None
+    >>> tensors = read_checkpoint_header(default_model_path("baseline")).tensors  # the same model without gate rows
+    >>> check_q_proj_layout(config, tensors)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    gated_qwen.errors.CheckpointError: ...(256, 256) but ... expects (260, 256); that is the shape of a 'none' gate...
     """
     for name, info in tensors.items():
         layer, local = split_layer_name(name)
@@ -512,8 +542,11 @@ def required_head_keys(model) -> set[str]:
     """The head weights a checkpoint of ``model``'s own class must hold: its language-model head (transformers'
     ``get_output_embeddings``), if it has one. A classifier's ``score`` is not among them: a fresh one is normal.
 
-    >>> required_head_keys(Qwen3GatedForCausalLM(config))  # doctest: +SKIP
-    {'lm_head.weight'}
+    >>> from gated_qwen import Qwen3GatedConfig, Qwen3GatedForCausalLM, Qwen3GatedModel
+    >>> config = Qwen3GatedConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    ...                           num_attention_heads=4, num_key_value_heads=2, head_dim=8, gate_type="headwise")
+    >>> required_head_keys(Qwen3GatedForCausalLM(config)), required_head_keys(Qwen3GatedModel(config))
+    ({'lm_head.weight'}, set())
     """
     head = model.get_output_embeddings()
     return {f"{name}.weight" for name, module in model.named_children() if head is not None and module is head}
@@ -526,8 +559,18 @@ def check_loaded_weights(model, loading_info: dict, checkpoint_keys: set[str] | 
     names in the checkpoint (None when unknown). The rule is strict ``from_pretrained``'s
     (:func:`gated_qwen.checkpoint.loading.strict_from_pretrained`).
 
-    >>> model, info = Qwen3GatedForCausalLM.from_pretrained(folder, strict=False, output_loading_info=True)  # doctest: +SKIP
-    >>> check_loaded_weights(model, info, set(read_weight_file_header(folder / "model.safetensors")), str(folder))  # doctest: +SKIP
+    >>> from gated_qwen import Qwen3GatedForCausalLM
+    >>> from gated_qwen.checkpoint.formats import read_weight_file_header
+    >>> from gated_qwen.default_models import default_model_path
+    >>> folder = default_model_path("headwise")
+    >>> model, info = Qwen3GatedForCausalLM.from_pretrained(folder, strict=False, output_loading_info=True)
+    >>> keys = set(read_weight_file_header(folder / "model.safetensors"))
+    >>> check_loaded_weights(model, info, keys, str(folder))  # nothing missing or left over: returns None
+    >>> info["missing_keys"] = {"model.layers.0.self_attn.q_norm.weight"}  # as if layer 0 lacked it
+    >>> check_loaded_weights(model, info, keys, str(folder))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    gated_qwen.errors.CheckpointError: ... lacks weights the model needs: model.layers.0.self_attn.q_norm.weight. ...
     """
     base = model.base_model
     prefix = "" if base is model else f"{model.base_model_prefix}."

@@ -47,8 +47,15 @@ def build_parser() -> ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run ``gated-qwen`` with ``argv`` (default: the process arguments); returns the exit status.
 
-    >>> main(["inspect", "path/to/checkpoint"])  # doctest: +SKIP
+    >>> from gated_qwen.default_models import default_model_path
+    >>> main(["inspect", str(default_model_path("headwise"))])  # doctest: +ELLIPSIS
+    source                .../headwise
+    model_type            qwen3_gated (gated-qwen checkpoint)
+    gate type             headwise
+    ...
     0
+    >>> main(["inspect", "./missing_dir"])  # the one-line error goes to stderr
+    2
     """
     from ..errors import GatedQwenError
 

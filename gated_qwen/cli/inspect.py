@@ -26,8 +26,10 @@ def add_parser(subparsers) -> None:
 def describe(checkpoint: str, subfolder: str = "", revision: str | None = None) -> dict:
     """The facts ``inspect`` prints, as a dict.
 
-    >>> describe("QwQZh/gated_attention", subfolder="1B_gate_headwise")["gate_type"]  # doctest: +SKIP
-    'headwise'
+    >>> from gated_qwen.default_models import default_model_path
+    >>> models = default_model_path().parent  # headwise/ and baseline/, as the hub repository holds its arms
+    >>> [describe(str(models), subfolder=arm)["gate_type"] for arm in ("headwise", "baseline")]
+    ['headwise', 'none']
     """
     from ..checkpoint import SAFETENSORS_DTYPES, check_layer_count, check_weights_match_config, read_checkpoint_header
     from ..errors import CheckpointError

@@ -221,9 +221,9 @@ def register_with_peft(module: ModuleType) -> None:
     (``peft.utils.transformers_weight_conversion``), so that every PEFT target specification adapts on a gated
     model what it adapts on the stock one. Idempotent; an entry already there is kept.
 
-    >>> import peft.utils.constants as constants  # doctest: +SKIP
-    >>> register_with_peft(constants)  # doctest: +SKIP
-    >>> constants.TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING["qwen3_gated"]  # doctest: +SKIP
+    >>> import peft.utils.constants as constants
+    >>> register_with_peft(constants)
+    >>> constants.TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING["qwen3_gated"]
     ['q_proj', 'v_proj']
     """
     for table_name in PEFT_TABLES.get(module.__name__, ()):

@@ -52,7 +52,7 @@ def register() -> None:
     vLLM calls this itself once the package is installed; calling it again changes nothing.
 
     >>> from gated_qwen.serving.vllm_plugin import register
-    >>> register()  # doctest: +SKIP
+    >>> register()  # needs vLLM  # doctest: +SKIP
     """
     from vllm import ModelRegistry
 

@@ -221,7 +221,10 @@ class Qwen3GatedForCausalLM(Qwen3GatedPreTrainedModel, Qwen3ForCausalLM):
     """Qwen3Gated with a language-model head; loads the released checkpoints directly.
 
     >>> from gated_qwen import Qwen3GatedForCausalLM
-    >>> model = Qwen3GatedForCausalLM.from_pretrained("QwQZh/gated_attention", subfolder="1B_gate_headwise")  # doctest: +SKIP
+    >>> from gated_qwen.default_models import default_model_path
+    >>> model = Qwen3GatedForCausalLM.from_pretrained(default_model_path("headwise"))  # or a hub id and subfolder
+    >>> model.config.gate_type, model.model.layers[0].self_attn.q_proj.weight.shape  # 4 heads of 64, 1 gate row each
+    ('headwise', torch.Size([260, 256]))
     """
 
     def __init__(self, config: Qwen3GatedConfig):

@@ -92,7 +92,16 @@ class Qwen3MoeGatedForCausalLM(Qwen3MoeGatedPreTrainedModel, Qwen3MoeForCausalLM
     """Qwen3MoeGated with a language-model head (router logits and auxiliary loss as in Qwen3-MoE).
 
     >>> from gated_qwen import Qwen3MoeGatedForCausalLM
-    >>> model = Qwen3MoeGatedForCausalLM.from_pretrained("path/to/converted-qwen3-30b-a3b")  # doctest: +SKIP
+    >>> import tempfile
+    >>> from gated_qwen import Qwen3MoeGatedConfig
+    >>> config = Qwen3MoeGatedConfig(vocab_size=64, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
+    ...                              num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+    ...                              num_experts=4, num_experts_per_tok=2, headwise_attn_output_gate=True)
+    >>> with tempfile.TemporaryDirectory() as folder:  # a converted checkpoint (gated-qwen convert) loads the same way
+    ...     Qwen3MoeGatedForCausalLM(config).save_pretrained(folder)
+    ...     model = Qwen3MoeGatedForCausalLM.from_pretrained(folder)
+    >>> model.config.gate_type, model.config.num_experts
+    ('headwise', 4)
     """
 
     def __init__(self, config: Qwen3MoeGatedConfig):
