@@ -96,10 +96,18 @@ def record_gates(model: nn.Module) -> Iterator[GateRecord]:
     unchanged. Values are the model's own gates: under :func:`override_gates` they are what the gate *would* have
     been. Works during ``generate`` (each step is one more call).
 
-    >>> with record_gates(model) as record:  # doctest: +SKIP
-    ...     model.generate(input_ids, max_new_tokens=8)
-    >>> record.gates(0).shape  # doctest: +SKIP
-    torch.Size([15, 16, 1])
+    >>> from transformers import AutoTokenizer
+    >>> from gated_qwen import Qwen3GatedForCausalLM
+    >>> from gated_qwen.default_models import default_model_path
+    >>> model = Qwen3GatedForCausalLM.from_pretrained(default_model_path("headwise"))  # 4 layers of 4 heads
+    >>> tokenizer = AutoTokenizer.from_pretrained(default_model_path("headwise"))
+    >>> input_ids = tokenizer("def read_config(path):", return_tensors="pt").input_ids
+    >>> with record_gates(model) as record:
+    ...     output = model.generate(input_ids, max_new_tokens=8)
+    >>> record.layers, record.gates(0).shape[1:]  # per token (heads, width): one gate per head
+    ([0, 1, 2, 3], torch.Size([4, 1]))
+    >>> len(record.gates(0)) == output.shape[1] - 1  # every token but the last generated one went through
+    True
     """
     layers = _require_gates(model, "record_gates")
     record = GateRecord()
@@ -152,8 +160,19 @@ def summarize_gates(record: GateRecord, bins: int = HISTOGRAM_BINS) -> dict:
 
     Per layer also a histogram over [0, 1] (``bins`` equal bins, counts) for the figures.
 
-    >>> summarize_gates(record)["layers"][0]["below_0.1"]  # doctest: +SKIP
-    0.73
+    >>> from transformers import AutoTokenizer
+    >>> from gated_qwen import Qwen3GatedForCausalLM
+    >>> from gated_qwen.default_models import default_model_path
+    >>> model = Qwen3GatedForCausalLM.from_pretrained(default_model_path("headwise"))  # 4 layers of 4 heads
+    >>> tokenizer = AutoTokenizer.from_pretrained(default_model_path("headwise"))
+    >>> input_ids = tokenizer("def read_config(path):", return_tensors="pt").input_ids
+    >>> with record_gates(model) as record:
+    ...     logits = model(input_ids).logits
+    >>> layer = summarize_gates(record)["layers"][0]
+    >>> sorted(layer)
+    ['below_0.1', 'below_0.5', 'count', 'first_token', 'heads', 'histogram', 'layer', 'mean', 'median', 'rest']
+    >>> 0 <= layer["below_0.1"] <= layer["below_0.5"] <= 1, sum(layer["histogram"]) == layer["count"]
+    (True, True)
     """
     layers = []
     for layer in record.layers:
@@ -211,8 +230,17 @@ def override_gates(
     Heads are those of the gate (:func:`gate_heads`). For a multiplicative gate, a constant 1 everywhere gives the
     model without its gate (its query rows alone in a gate "none" model); for an additive one, a constant 0.
 
-    >>> with override_gates(model, 0.0, layers=[3], heads=[0, 5]):  # doctest: +SKIP
+    >>> from transformers import AutoTokenizer
+    >>> from gated_qwen import Qwen3GatedForCausalLM
+    >>> from gated_qwen.default_models import default_model_path
+    >>> model = Qwen3GatedForCausalLM.from_pretrained(default_model_path("headwise"))  # 4 layers of 4 heads
+    >>> tokenizer = AutoTokenizer.from_pretrained(default_model_path("headwise"))
+    >>> input_ids = tokenizer("def read_config(path):", return_tensors="pt").input_ids
+    >>> logits = model(input_ids).logits
+    >>> with override_gates(model, 0.0, layers=[3], heads=[0, 2]):  # heads 0 and 2 of the last layer closed
     ...     ablated = model(input_ids).logits
+    >>> torch.allclose(ablated, logits), torch.allclose(model(input_ids).logits, logits)  # back as before on exit
+    (False, True)
     """
     gated = _require_gates(model, "override_gates")
     if value is None and scale is None:
@@ -307,10 +335,18 @@ def record_attention(
     and then dropped, except the head average of ``map_layers`` (first batch row). ``attention_mask`` is
     the 2D padding mask of the inputs, if any.
 
-    >>> with record_attention(model, map_layers=[0]) as record:  # doctest: +SKIP
-    ...     model(input_ids)
-    >>> record.first_token().mean().item()  # doctest: +SKIP
-    0.47
+    >>> from transformers import AutoTokenizer
+    >>> from gated_qwen import Qwen3GatedForCausalLM
+    >>> from gated_qwen.default_models import default_model_path
+    >>> model = Qwen3GatedForCausalLM.from_pretrained(default_model_path("headwise"))  # 4 layers of 4 heads
+    >>> tokenizer = AutoTokenizer.from_pretrained(default_model_path("headwise"))
+    >>> input_ids = tokenizer("def read_config(path):", return_tensors="pt").input_ids
+    >>> with record_attention(model, map_layers=[0]) as record:
+    ...     logits = model(input_ids).logits
+    >>> record.first_token().shape  # (layers, heads)
+    torch.Size([4, 4])
+    >>> 0 < record.first_token().mean().item() < 1, record.maps[0].shape == (input_ids.shape[1],) * 2
+    (True, True)
     """
     record = AttentionRecord()
     map_layers = set(map_layers)
@@ -351,8 +387,14 @@ def attention_sink(
 
     The paper reports its mean over layers and heads: about 0.47 for the baseline, 0.05 with a gate.
 
-    >>> attention_sink(model, tokenizer("The quick brown fox", return_tensors="pt").input_ids).mean()  # doctest: +SKIP
-    tensor(0.4671)
+    >>> from transformers import AutoTokenizer
+    >>> from gated_qwen import Qwen3GatedForCausalLM
+    >>> from gated_qwen.default_models import default_model_path
+    >>> model = Qwen3GatedForCausalLM.from_pretrained(default_model_path("headwise"))  # 4 layers of 4 heads
+    >>> tokenizer = AutoTokenizer.from_pretrained(default_model_path("headwise"))
+    >>> sink = attention_sink(model, tokenizer("The quick brown fox", return_tensors="pt").input_ids)
+    >>> sink.shape, 0 < sink.mean().item() < 1
+    (torch.Size([4, 4]), True)
     """
     with record_attention(model, skip_first, attention_mask) as record:
         model(input_ids=input_ids, attention_mask=attention_mask)
@@ -367,8 +409,17 @@ def massive_activations(
 
     Padded positions (``attention_mask`` 0) are left out.
 
-    >>> massive_activations(model, input_ids)[5]  # doctest: +SKIP
-    {'layer': 5, 'max_abs': 912.0, 'median_abs': 0.31, 'ratio': 2941.9, 'token': 0, 'channel': 1061}
+    >>> from transformers import AutoTokenizer
+    >>> from gated_qwen import Qwen3GatedForCausalLM
+    >>> from gated_qwen.default_models import default_model_path
+    >>> model = Qwen3GatedForCausalLM.from_pretrained(default_model_path("headwise"))  # 4 layers of 4 heads
+    >>> tokenizer = AutoTokenizer.from_pretrained(default_model_path("headwise"))
+    >>> input_ids = tokenizer("def read_config(path):", return_tensors="pt").input_ids
+    >>> rows = massive_activations(model, input_ids)
+    >>> len(rows), sorted(rows[-1])  # one row per decoder layer
+    (4, ['channel', 'layer', 'max_abs', 'median_abs', 'ratio', 'token'])
+    >>> all(row["max_abs"] >= row["median_abs"] > 0 and row["token"] < input_ids.shape[1] for row in rows)
+    True
     """
     rows = []
     keep = None if attention_mask is None else attention_mask.bool()
@@ -417,8 +468,16 @@ def router_load(
     token chose (``unused``), and the mean routing probability each expert gets (``mean_probability``), the two
     factors of the auxiliary load-balancing loss. Padded positions are left out.
 
-    >>> router_load(model, input_ids)[0]["max_over_even"]  # doctest: +SKIP
-    1.75
+    >>> from gated_qwen import Qwen3MoeGatedConfig, Qwen3MoeGatedForCausalLM
+    >>> config = Qwen3MoeGatedConfig(
+    ...     vocab_size=64, hidden_size=32, moe_intermediate_size=16, num_experts=4, num_experts_per_tok=2,
+    ...     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+    ... )  # a tiny mixture of experts, randomly initialized
+    >>> rows = router_load(Qwen3MoeGatedForCausalLM(config), torch.randint(64, (1, 16)))
+    >>> [row["layer"] for row in rows], [len(row["load"]) for row in rows], round(sum(rows[0]["load"]), 6)
+    ([0, 1], [4, 4], 1.0)
+    >>> 1 <= rows[0]["max_over_even"] <= 2  # 2 distinct experts of 4 per token: no expert gets over half
+    True
     """
     config = model.config
     if not getattr(config, "num_experts", 0):
@@ -474,8 +533,18 @@ def perplexity(
     every token but those of the first window sees at least ``context - stride`` tokens before it.
     Windows run ``batch_size`` at a time (the last, shorter one padded on the right).
 
-    >>> perplexity(model, tokenizer(text, return_tensors="pt").input_ids[0], context=1024).perplexity  # doctest: +SKIP
-    12.7
+    >>> from transformers import AutoTokenizer
+    >>> from gated_qwen import Qwen3GatedForCausalLM
+    >>> from gated_qwen.default_models import default_model_path
+    >>> model = Qwen3GatedForCausalLM.from_pretrained(default_model_path("headwise"))  # 4 layers of 4 heads
+    >>> tokenizer = AutoTokenizer.from_pretrained(default_model_path("headwise"))
+    >>> text = "Return the value of the named option, or the default when the section has no such option."
+    >>> ids = tokenizer(text, return_tensors="pt").input_ids[0]
+    >>> result = perplexity(model, ids, context=8, progress=False)
+    >>> result.tokens == len(ids) - 1, result.windows > 1, math.isclose(result.perplexity, math.exp(result.mean_nll))
+    (True, True, True)
+    >>> result.perplexity < len(tokenizer)  # better than a uniform guess over the vocabulary
+    True
     """
     from tqdm.auto import tqdm
 
@@ -543,6 +612,8 @@ def plot_attention_maps(
     maps: dict[str, dict[int, torch.Tensor]], tokens: dict[str, list[str]], path
 ) -> tuple[int, int]:
     """One heat map per model (rows) and layer (columns), averaged over heads, tokens on both axes; returns (width, height) px.
+
+    Not run as a test (it needs matplotlib, the ``plot`` extra, which the tests may lack):
 
     >>> plot_attention_maps({"headwise": {0: map0}}, {"headwise": ["The", " fox"]}, "maps.png")  # doctest: +SKIP
     (400, 400)

@@ -5,7 +5,12 @@ checkpoints alike) and handed to the harness as an instance (``lm_eval.models.hu
 harness never has to resolve ``qwen3_gated`` itself and no code from a checkpoint runs. Tasks are the
 harness's own (``mmlu``, ``hellaswag``, ``gsm8k``, ...) or YAML files in ``include_path``.
 
->>> model, tokenizer = load_model_and_tokenizer("QwQZh/gated_attention", subfolder="1B_gate_headwise")  # doctest: +SKIP
+Example (not run as a test: it needs lm-eval and downloads a 1B model and the hellaswag data set from the hub):
+
+>>> from gated_qwen.tools.generation import load_model_and_tokenizer  # doctest: +SKIP
+>>> model, tokenizer = load_model_and_tokenizer(  # doctest: +SKIP
+...     "QwQZh/gated_attention", subfolder="1B_gate_headwise"
+... )
 >>> results = evaluate(model, tokenizer, ["hellaswag"], limit=100)  # doctest: +SKIP
 >>> results["results"]["hellaswag"]["acc_norm,none"]  # doctest: +SKIP
 0.43
@@ -74,7 +79,7 @@ def quiet_harness(verbose: bool = False) -> Iterator[None]:
 def task_manager(include_path: str | Path | Sequence[str | Path] | None = None, tasks: Sequence[str] = ()):
     """The harness's TaskManager over its own tasks and the YAML files in ``include_path``; refuses unknown ``tasks``.
 
-    >>> manager = task_manager("my_tasks/", ["my_task"])  # doctest: +SKIP
+    >>> manager = task_manager("my_tasks/", ["my_task"])  # needs lm-eval and a task folder  # doctest: +SKIP
     """
     _, _, TaskManager = _import_lm_eval()
     folders = [Path(p) for p in _as_list(include_path)]
@@ -116,7 +121,9 @@ def evaluate(
     ``log_samples``: keep each document's model outputs under ``result["samples"]``; ``manager``: a
     :func:`task_manager` to reuse across models (it scans the harness's task folders when built).
 
-    >>> evaluate(model, tokenizer, ["my_task"], include_path="my_tasks/", log_samples=True)["samples"]  # doctest: +SKIP
+    >>> evaluate(  # needs lm-eval, a model and a task folder  # doctest: +SKIP
+    ...     model, tokenizer, ["my_task"], include_path="my_tasks/", log_samples=True
+    ... )["samples"]
     """
     lm_eval, HFLM, _ = _import_lm_eval()
     if not tasks:
@@ -225,7 +232,7 @@ def write_results(output, report: dict, table: str) -> list[Path]:
 
     ``output`` is an :func:`output_folder`: both files appear together, whole, or neither does.
 
-    >>> write_results(output_folder("eval_out"), {"arms": {}}, "| task |")  # doctest: +SKIP
+    >>> write_results(output_folder("eval_out"), {"arms": {}}, "| task |")  # needs lm-eval  # doctest: +SKIP
     [PosixPath('eval_out/results.json'), PosixPath('eval_out/results.md')]
     """
     from lm_eval.utils import handle_non_serializable

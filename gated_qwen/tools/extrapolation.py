@@ -103,8 +103,13 @@ def apply_rope_scaling(model: nn.Module, rope_type: str = "yarn", factor: float 
     built, and its ``inv_freq`` is a non-persistent buffer, never read from the checkpoint, so rebuilding it
     from the new config equals building the model with that config. Nothing on disk is touched.
 
-    >>> apply_rope_scaling(model, "yarn", 4).config.rope_parameters["rope_type"]  # doctest: +SKIP
+    >>> from gated_qwen import Qwen3GatedForCausalLM
+    >>> from gated_qwen.default_models import default_model_path
+    >>> model = Qwen3GatedForCausalLM.from_pretrained(default_model_path("headwise"))  # trained at 256 positions
+    >>> apply_rope_scaling(model, "yarn", 4).config.rope_parameters["rope_type"]
     'yarn'
+    >>> model.config.max_position_embeddings, model.config.rope_parameters["original_max_position_embeddings"]
+    (256, 256)
     """
     rotary = _rotary_embeddings(model)
     if not rotary:
@@ -129,9 +134,18 @@ def perplexity_by_context_length(
     ``beyond_max_position_embeddings``). With fewer than L tokens the length is not measurable: windows 0 and
     perplexity None. ``batch_size`` windows run per forward.
 
-    >>> ids = tokenizer(text, return_tensors="pt").input_ids[0]  # doctest: +SKIP
-    >>> [(r.length, r.windows, round(r.perplexity, 1)) for r in perplexity_by_context_length(model, ids, [256, 512])]  # doctest: +SKIP
-    [(256, 40, 18.2), (512, 20, 16.9)]
+    >>> from transformers import AutoTokenizer
+    >>> from gated_qwen import Qwen3GatedForCausalLM
+    >>> from gated_qwen.default_models import default_model_path
+    >>> model = Qwen3GatedForCausalLM.from_pretrained(default_model_path("headwise"))  # trained at 256 positions
+    >>> tokenizer = AutoTokenizer.from_pretrained(default_model_path("headwise"))
+    >>> text = "Return the value of the named option, or the default when the section has no such option. " * 8
+    >>> ids = tokenizer(text, return_tensors="pt").input_ids[0][:64]  # 64 tokens
+    >>> results = perplexity_by_context_length(model, ids, [16, 32, 512])
+    >>> [(r.length, r.windows, r.tokens, r.beyond_max_position_embeddings) for r in results]
+    [(16, 4, 60, False), (32, 2, 62, False), (512, 0, 0, True)]
+    >>> results[0].perplexity > 1, results[-1].perplexity is None  # 64 tokens cannot fill a window of 512
+    (True, True)
     """
     token_ids = torch.as_tensor(token_ids).flatten()
     lengths = list(lengths)

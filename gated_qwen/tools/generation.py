@@ -50,7 +50,10 @@ def local_checkpoint_folder(model: str, subfolder: str = "", revision: str | Non
     Every problem with the source (no such folder, a file, no network, an unknown repository, offline
     without a cached copy) is one :class:`GatedQwenError` from :func:`gated_qwen.checkpoint.hub.resolve_source`.
 
-    >>> local_checkpoint_folder("QwQZh/gated_attention", "1B_gate_headwise") is None  # doctest: +SKIP
+    >>> from gated_qwen.default_models import default_model_path
+    >>> local_checkpoint_folder(str(default_model_path("headwise"))) == default_model_path("headwise")
+    True
+    >>> local_checkpoint_folder("QwQZh/gated_attention", "1B_gate_headwise") is None  # asks the hub  # doctest: +SKIP
     True
     """
     folder = resolve_source(model, subfolder, revision)
@@ -115,7 +118,10 @@ def load_tokenizer(
     Raises :class:`GatedQwenError` naming the missing files when ``source`` has no tokenizer; its
     advice names ``elsewhere``, the way to take a tokenizer from another place, where there is one.
 
-    >>> tokenizer = load_tokenizer("QwQZh/gated_attention", subfolder="1B_gate_headwise")  # doctest: +SKIP
+    >>> from gated_qwen.default_models import default_model_path
+    >>> tokenizer = load_tokenizer(str(default_model_path("headwise")))
+    >>> tokenizer.padding_side, tokenizer.pad_token
+    ('left', '<|pad|>')
     """
     check_tokenizer_files(source, subfolder, revision, elsewhere)
     tokenizer = AutoTokenizer.from_pretrained(
@@ -139,7 +145,10 @@ def load_model(
 
     Device, dtype and attention are checked before anything is read.
 
-    >>> model = load_model("QwQZh/gated_attention", subfolder="1B_gate_headwise", dtype="bfloat16")  # doctest: +SKIP
+    >>> from gated_qwen.default_models import default_model_path
+    >>> model = load_model(str(default_model_path("headwise")), device="cpu", dtype="float32")
+    >>> type(model).__name__, model.dtype, model.training
+    ('Qwen3GatedForCausalLM', torch.float32, False)
     """
     torch_device, torch_dtype = resolve_device(device), resolve_dtype(dtype)
     check_attention(attn_implementation, torch_device, torch_dtype)
@@ -265,7 +274,16 @@ def truncate_at_stop(text: str, stop_strings: Iterable[str] | None) -> str:
 class CompletionStreamer(TextStreamer):
     """transformers' TextStreamer for the completion only: skips the prompt and special tokens, ends at a stop string.
 
-    >>> model.generate(**inputs, streamer=CompletionStreamer(tokenizer, ["\\n"]))  # doctest: +SKIP
+    >>> import contextlib, io
+    >>> from gated_qwen.default_models import default_model_path
+    >>> model, tokenizer = load_model_and_tokenizer(str(default_model_path("headwise")), device="cpu")
+    >>> inputs = tokenizer(["def read_config(path):"], return_tensors="pt")
+    >>> printed = io.StringIO()
+    >>> with contextlib.redirect_stdout(printed):  # what the streamer prints as the tokens come
+    ...     output = model.generate(**inputs, max_new_tokens=16, streamer=CompletionStreamer(tokenizer, ["\\n"]))
+    >>> completion = tokenizer.decode(output[0, inputs.input_ids.shape[1] :], skip_special_tokens=True)
+    >>> printed.getvalue() == truncate_at_stop(completion, ["\\n"]) + "\\n"  # the completion up to its first line end
+    True
     """
 
     def __init__(self, tokenizer, stop_strings: Iterable[str] | None = None):
@@ -312,7 +330,15 @@ class Completion:
 def chat_prompt(tokenizer, prompt: str, system: str | None = None) -> str:
     """``prompt`` (and ``system``) rendered by the tokenizer's chat template, ready for the reply.
 
-    >>> chat_prompt(tokenizer, "What does the gate do?", system="Be brief.")  # doctest: +SKIP
+    The shipped toy model has no chat template; a ChatML one (Qwen's) is set here for the example:
+
+    >>> from gated_qwen.default_models import default_model_path
+    >>> tokenizer = load_tokenizer(str(default_model_path("headwise")))
+    >>> tokenizer.chat_template = (
+    ...     "{% for m in messages %}<|im_start|>{{ m.role }}\\n{{ m.content }}<|im_end|>\\n{% endfor %}"
+    ...     "{% if add_generation_prompt %}<|im_start|>assistant\\n{% endif %}"
+    ... )
+    >>> chat_prompt(tokenizer, "What does the gate do?", system="Be brief.")
     '<|im_start|>system\\nBe brief.<|im_end|>\\n<|im_start|>user\\nWhat does the gate do?<|im_end|>\\n<|im_start|>assistant\\n'
     """
     if not tokenizer.chat_template:
