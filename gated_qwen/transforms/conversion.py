@@ -381,10 +381,22 @@ def convert_checkpoint(
     staging folder, put in place only when whole, so a failure leaves ``dst`` as it was; a link is
     followed, an existing non-empty ``dst`` is refused unless ``overwrite``.
 
-    >>> result = convert_checkpoint("Qwen/Qwen3-0.6B", "qwen3-0.6b-headwise", gate="headwise")  # doctest: +SKIP
-    >>> result.files  # doctest: +SKIP
-    ['model.safetensors']
-    >>> convert_checkpoint("QwQZh/gated_attention", "headwise-arm", gate="keep", subfolder="1B_gate_headwise")  # doctest: +SKIP
+    >>> import tempfile
+    >>> from transformers import Qwen3Config, Qwen3ForCausalLM
+    >>> temporary = tempfile.TemporaryDirectory()
+    >>> folder = Path(temporary.name)
+    >>> stock = Qwen3ForCausalLM(Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    ...                                      num_attention_heads=4, num_key_value_heads=2, head_dim=8))
+    >>> stock.save_pretrained(folder / "qwen3")  # a stock Qwen3 checkpoint, without a gate
+    >>> result = convert_checkpoint(folder / "qwen3", folder / "headwise", gate="headwise", verify=True,
+    ...                             progress=False)
+    >>> result.files, result.max_difference  # identity init: the same logits
+    (['model.safetensors'], 0.0)
+    >>> Qwen3GatedConfig.from_pretrained(folder / "headwise").gate_type
+    'headwise'
+    >>> convert_checkpoint(  # downloads a released arm  # doctest: +SKIP
+    ...     "QwQZh/gated_attention", folder / "headwise-arm", gate="keep", subfolder="1B_gate_headwise")
+    >>> temporary.cleanup()
     """
     conversion = Conversion(gate, init, verify, **variant)
     written = conversion.run(

@@ -386,9 +386,16 @@ def export_checkpoint(
     ``src`` is only read. ``dst`` is written through :class:`gated_qwen.checkpoint.outputs.OutputFolder`: whole or
     not at all, a link followed, an existing non-empty ``dst`` refused unless ``overwrite``.
 
-    >>> result = export_checkpoint("path/to/1B_gate_headwise", "headwise-qwen3_5", to="qwen3_5")  # doctest: +SKIP
-    >>> f"{result.parameter_growth:+.1%}"  # doctest: +SKIP
-    '+6.8%'
+    >>> import tempfile
+    >>> from gated_qwen.default_models import default_model_path
+    >>> folder = tempfile.TemporaryDirectory()
+    >>> result = export_checkpoint(default_model_path("headwise"), Path(folder.name) / "headwise-qwen3_5",
+    ...                            to="qwen3_5", progress=False)
+    >>> result.files, result.exported_parameters > result.source_parameters  # Qwen3.5 adds its own gate parameters
+    (['model.safetensors'], True)
+    >>> json.loads((result.path / "config.json").read_text())["model_type"]
+    'qwen3_5_text'
+    >>> folder.cleanup()
     """
     if to not in TARGETS:
         raise GatedQwenError(f"unknown export target {to!r}; choose one of {', '.join(TARGETS)}")
@@ -474,8 +481,13 @@ class Export(CheckpointTransform):
 def max_logit_difference(source: str | os.PathLike, exported: str | os.PathLike) -> float:
     """Largest |logit difference| between a gated checkpoint and its Qwen3.5 export, both float32 on CPU.
 
-    >>> max_logit_difference("path/to/1B_gate_headwise", "headwise-qwen3_5")  # doctest: +SKIP
-    1.9073486328125e-06
+    >>> import tempfile
+    >>> from gated_qwen.default_models import default_model_path
+    >>> folder = tempfile.TemporaryDirectory()
+    >>> exported = export_checkpoint(default_model_path("headwise"), Path(folder.name) / "export", progress=False).path
+    >>> max_logit_difference(default_model_path("headwise"), exported) < 1e-4  # the same model, up to rounding
+    True
+    >>> folder.cleanup()
     """
     from transformers import AutoModelForCausalLM
 

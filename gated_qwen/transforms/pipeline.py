@@ -203,11 +203,19 @@ def transform_checkpoint(
     ``output_name`` says what is written (in the error for overlapping folders), ``description`` labels the
     progress bar. ``dtype`` casts floating tensors before they are mapped ("auto" keeps them).
 
-    >>> def build(header, target_dtype):  # doctest: +SKIP
+    >>> import tempfile
+    >>> from gated_qwen.default_models import default_model_path
+    >>> def build(header, target_dtype):
     ...     return TensorMapping(lambda n, t: [(n, t)], {n: i.shape for n, i in header.tensors.items()},
     ...                          write_config=lambda folder: (folder / "config.json").write_text("{}"))
-    >>> transform_checkpoint("src", "dst", build, output_name="copy", description="copying").files  # doctest: +SKIP
+    >>> folder = tempfile.TemporaryDirectory()
+    >>> dst = Path(folder.name) / "copy"
+    >>> transform_checkpoint(default_model_path("headwise"), dst, build, output_name="copy", description="copying",
+    ...                      progress=False).files
     ['model.safetensors']
+    >>> (dst / "config.json").read_text()
+    '{}'
+    >>> folder.cleanup()
     """
     target_dtype = resolve_dtype(dtype)
     target_dtype = None if target_dtype == "auto" else target_dtype  # None: keep each tensor's dtype

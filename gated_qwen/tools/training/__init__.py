@@ -16,9 +16,20 @@ Two runs with the same seed, data, data shards, global batch and architecture se
 same order, with weights initialised from the same seed, so arms that differ only in ``gate`` are a matched
 comparison, whatever the number of processes each ran on.
 
+>>> import json, tempfile
+>>> from pathlib import Path
+>>> from gated_qwen.default_models import default_model_path
 >>> from gated_qwen.tools.training import TrainRunArguments, train
->>> train(TrainRunArguments(train_file="corpus/train.jsonl", output_dir="runs/x", max_steps=100))  # doctest: +SKIP
-{'steps': 100, ...}
+>>> folder = tempfile.TemporaryDirectory()
+>>> corpus = Path(folder.name) / "train.jsonl"
+>>> _ = corpus.write_text("".join(json.dumps({"text": f"print({i} * {i})"}) + "\\n" for i in range(40)))
+>>> args = TrainRunArguments(train_file=str(corpus), output_dir=f"{folder.name}/run", max_steps=1, seq_len=16,
+...                          batch_size=2, init_from=str(default_model_path("baseline")), gate="headwise",
+...                          warmup_steps=1, progress=False)  # one step, converting the baseline to a headwise gate
+>>> summary = train(args)
+>>> summary["steps"], summary["gate"], summary["init_from"] == args.init_from
+(1, 'headwise', True)
+>>> folder.cleanup()
 """
 
 from __future__ import annotations

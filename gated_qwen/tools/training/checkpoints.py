@@ -27,8 +27,16 @@ WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
 def latest_checkpoint(folder: str | Path) -> Path:
     """``folder`` itself if it is a checkpoint, else its finished ``checkpoint-STEP`` with the highest step.
 
-    >>> latest_checkpoint("runs/headwise")  # doctest: +SKIP
-    PosixPath('runs/headwise/checkpoint-1200')
+    >>> import tempfile
+    >>> folder = tempfile.TemporaryDirectory()
+    >>> run = Path(folder.name)
+    >>> for step in (400, 1200, 1600):
+    ...     (run / f"checkpoint-{step}").mkdir()
+    >>> for step in (400, 1200):  # checkpoint-1600 is unfinished: it has no run_state.json
+    ...     _ = (run / f"checkpoint-{step}" / RUN_STATE).write_text("{}")
+    >>> latest_checkpoint(run) == run / "checkpoint-1200"
+    True
+    >>> folder.cleanup()
     """
     folder = Path(folder)
     if (folder / "trainer_state.json").is_file() or (folder / RUN_STATE).is_file():
@@ -57,8 +65,25 @@ def read_checkpoint(checkpoint: str | Path) -> dict:
     Trainer writes but never reads, is not opened. Anything else is a :class:`TrainingError` naming the
     file and what to do, raised before a run writes anything.
 
-    >>> read_checkpoint("runs/headwise/checkpoint-400")["step"]  # doctest: +SKIP
+    >>> import tempfile, torch
+    >>> from safetensors.torch import save_file
+    >>> folder = tempfile.TemporaryDirectory()
+    >>> checkpoint = Path(folder.name) / "checkpoint-400"
+    >>> checkpoint.mkdir()
+    >>> save_file({"lm_head.weight": torch.zeros(4, 2)}, checkpoint / "model.safetensors")
+    >>> for name in ("optimizer.pt", "scheduler.pt", "rng_state.pth"):
+    ...     torch.save({"state": torch.zeros(2)}, checkpoint / name)
+    >>> _ = (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": 400}))
+    >>> state = {"step": 400, "tokens": 409600, "elapsed_s": 12.5, "args": {}, "num_processes": 1}
+    >>> _ = (checkpoint / RUN_STATE).write_text(json.dumps(state))
+    >>> read_checkpoint(checkpoint)["step"]
     400
+    >>> (checkpoint / "scheduler.pt").unlink()
+    >>> read_checkpoint(checkpoint)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    gated_qwen.tools.training_args.TrainingError: ...checkpoint-400 has no scheduler.pt; it is not a whole ...
+    >>> folder.cleanup()
     """
     import torch
     from safetensors import safe_open

@@ -96,9 +96,14 @@ def load_documents(args: TrainRunArguments, heldout: bool = False, streaming: bo
     training text; ``None`` when the run has none. Nothing is read but the files' headers (streaming) or
     the Arrow cache is built batch by batch (not streaming): the corpus is never held in memory.
 
-    >>> docs = load_documents(TrainRunArguments(train_file="corpus/train.jsonl", output_dir="o", max_steps=1))  # doctest: +SKIP
-    >>> docs[0]["text"][:6]  # doctest: +SKIP
-    'Record'
+    >>> import tempfile
+    >>> folder = tempfile.TemporaryDirectory()
+    >>> corpus = Path(folder.name) / "train.jsonl"
+    >>> _ = corpus.write_text('{"text": "Record one."}\\n{"text": "Record two."}\\n')
+    >>> docs = load_documents(TrainRunArguments(train_file=str(corpus), output_dir="o", max_steps=1))
+    >>> len(docs), docs[0]["text"]
+    (2, 'Record one.')
+    >>> folder.cleanup()
     """
     try:
         import datasets
@@ -177,7 +182,8 @@ def shard_documents(documents, num_shards: int, index: int):
     where it can: a contiguous slice of an Arrow data set, the data set's files ``index, index + num_shards, ...``
     when a stream has a multiple of ``num_shards`` files, else every ``num_shards``-th document.
 
-    >>> [row["text"] for row in shard_documents(Dataset.from_dict({"text": list("abcd")}), 2, 1)]  # doctest: +SKIP
+    >>> from datasets import Dataset
+    >>> [row["text"] for row in shard_documents(Dataset.from_dict({"text": list("abcd")}), 2, 1)]
     ['c', 'd']
     """
     import datasets
@@ -221,9 +227,15 @@ class PackedRows(torch.utils.data.IterableDataset):
     See the module docstring: process ``rank`` yields rows ``rank, rank + world_size, ...`` of the global stream
     (one row of each of the ``num_shards`` shards in turn), for ever (Trainer stops at ``max_steps``).
 
-    >>> rows = PackedRows(documents, tokenizer, seq_len=256, num_shards=2, rank=0, world_size=2, seed=0)  # doctest: +SKIP
-    >>> next(iter(rows))["input_ids"].shape  # doctest: +SKIP
-    torch.Size([256])
+    >>> from datasets import Dataset
+    >>> from transformers import AutoTokenizer
+    >>> from gated_qwen.default_models import default_model_path
+    >>> tokenizer = AutoTokenizer.from_pretrained(default_model_path("headwise"))
+    >>> documents = Dataset.from_dict({"text": [f"Document {i} says something short." for i in range(8)]})
+    >>> rows = PackedRows(documents, tokenizer, seq_len=16, num_shards=2, rank=0, world_size=2, seed=0)
+    >>> row = next(iter(rows))
+    >>> row["input_ids"].shape, torch.equal(row["labels"], row["input_ids"])
+    (torch.Size([16]), True)
     """
 
     def __init__(
@@ -389,8 +401,13 @@ def iter_texts(documents) -> Iterator[str]:
 def read_documents(path: str | Path) -> list[str]:
     """The documents of a ``.jsonl`` file (its ``"text"`` fields) or a ``.txt`` file (the whole file).
 
-    >>> read_documents("data/stdlib_docstrings/train.jsonl")[0][:6]  # doctest: +SKIP
-    'Record'
+    >>> import tempfile
+    >>> folder = tempfile.TemporaryDirectory()
+    >>> path = Path(folder.name) / "train.jsonl"
+    >>> _ = path.write_text('{"text": "Record one."}\\n\\n{"text": "Record two."}\\n')
+    >>> read_documents(path)  # blank lines are skipped
+    ['Record one.', 'Record two.']
+    >>> folder.cleanup()
     """
     path = Path(path)
     if not path.is_file():

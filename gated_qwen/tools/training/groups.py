@@ -72,8 +72,18 @@ def separate_gate_rows(model) -> list[torch.nn.Parameter]:
     :func:`merge_gate_rows` undoes it. A model without a gate is left as it is; a model whose gate rows
     are already apart returns them again.
 
-    >>> gate_rows = separate_gate_rows(model)  # doctest: +SKIP
-    >>> merge_gate_rows(model)  # doctest: +SKIP
+    >>> from gated_qwen import Qwen3GatedConfig, Qwen3GatedForCausalLM
+    >>> config = Qwen3GatedConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    ...                           num_attention_heads=4, num_key_value_heads=2, head_dim=8, gate_type="headwise")
+    >>> model = Qwen3GatedForCausalLM(config)
+    >>> ids = torch.tensor([[1, 2, 3]])
+    >>> before = model(ids).logits
+    >>> gate_rows = separate_gate_rows(model)  # per layer: one gate row per head, of hidden_size inputs
+    >>> [tuple(p.shape) for p in gate_rows], torch.equal(model(ids).logits, before)
+    ([(4, 32), (4, 32)], True)
+    >>> merge_gate_rows(model)
+    >>> [name for name, _ in model.model.layers[0].self_attn.q_proj.named_parameters()]
+    ['weight']
     """
     from torch.nn.utils import parametrize
 
@@ -123,10 +133,13 @@ def gate_parameter_groups(
     learning-rate scheduler (``LambdaLR`` and all of transformers' schedules) multiplies each group's
     own rate. Call it before the model is wrapped (DDP, FSDP) and before a checkpoint is loaded into it.
 
-    >>> model = Qwen3GatedForCausalLM.from_pretrained("runs/converted")  # doctest: +SKIP
-    >>> groups = gate_parameter_groups(model, lr=1e-4, gate_lr_scale=10.0, weight_decay=0.1)  # doctest: +SKIP
-    >>> optimizer = torch.optim.AdamW(groups, betas=(0.9, 0.95))  # doctest: +SKIP
-    >>> [(group["lr"], group["weight_decay"]) for group in groups]  # doctest: +SKIP
+    >>> from gated_qwen import Qwen3GatedConfig, Qwen3GatedForCausalLM
+    >>> model = Qwen3GatedForCausalLM(Qwen3GatedConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+    ...     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8, gate_type="headwise",
+    ...     qkv_bias=True))
+    >>> groups = gate_parameter_groups(model, lr=1e-4, gate_lr_scale=10.0, weight_decay=0.1)
+    >>> optimizer = torch.optim.AdamW(groups, betas=(0.9, 0.95))
+    >>> [(group["lr"], group["weight_decay"]) for group in groups]  # the rest, its vectors, gate rows, gate biases
     [(0.0001, 0.1), (0.0001, 0.0), (0.001, 0.1), (0.001, 0.0)]
     """
     if trainable not in TRAINABLE:
@@ -158,9 +171,17 @@ def gate_parameter_groups(
 def parameter_groups(model, args) -> list[dict]:
     """:func:`gate_parameter_groups` with the options of a :class:`~gated_qwen.tools.training_args.TrainRunArguments`.
 
-    >>> groups = parameter_groups(model, TrainRunArguments(train_file="t", output_dir="o", max_steps=1, trainable="gate"))  # doctest: +SKIP
-    >>> [group["lr_scale"] for group in groups]  # doctest: +SKIP
-    [1.0, 1.0]
+    >>> from gated_qwen import Qwen3GatedConfig, Qwen3GatedForCausalLM
+    >>> from gated_qwen.tools.training_args import TrainRunArguments
+    >>> model = Qwen3GatedForCausalLM(Qwen3GatedConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+    ...     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8, gate_type="headwise",
+    ...     qkv_bias=True))
+    >>> args = TrainRunArguments(train_file="t", output_dir="o", max_steps=1, trainable="gate")
+    >>> groups = parameter_groups(model, args)  # the gate rows of q_proj's weight and bias, nothing else
+    >>> [(group["lr_scale"], len(group["params"])) for group in groups]
+    [(1.0, 2), (1.0, 2)]
+    >>> sum(p.requires_grad for p in model.parameters())
+    4
     """
     return gate_parameter_groups(model, args.learning_rate, args.gate_lr_scale, args.weight_decay, args.trainable)
 

@@ -137,8 +137,10 @@ def read_init_config(args: TrainRunArguments) -> Qwen3GatedConfig | Qwen3MoeGate
     (for a hub id, only it is downloaded). Refuses a gate conversion of a checkpoint that has a gate, and
     ``trainable="gate"`` or a ``gate_lr_scale`` for a model without one.
 
+    >>> from gated_qwen.default_models import default_model_path
+    >>> baseline = str(default_model_path("baseline"))  # a checkpoint without a gate
     >>> read_init_config(TrainRunArguments(train_file="t.jsonl", output_dir="o", max_steps=1,
-    ...                                    init_from="gated_qwen/default_models/baseline", gate="headwise")).gate_type  # doctest: +SKIP
+    ...                                    init_from=baseline, gate="headwise")).gate_type
     'headwise'
     """
     source = args.init_from + (f" (subfolder {args.init_from_subfolder})" if args.init_from_subfolder else "")
@@ -221,10 +223,12 @@ def load_initial_model(args: TrainRunArguments):
     (:func:`gated_qwen.transforms.conversion.convert_qwen3_to_gated`) draws a random gate init right after
     ``torch.manual_seed(args.seed)``, so the same seed gives the same model again.
 
+    >>> from gated_qwen.default_models import default_model_path
+    >>> baseline = str(default_model_path("baseline"))  # a checkpoint without a gate
     >>> model = load_initial_model(TrainRunArguments(train_file="t.jsonl", output_dir="o", max_steps=1,
-    ...                            init_from="gated_qwen/default_models/baseline", gate="headwise"))  # doctest: +SKIP
-    >>> model.config.gate_type  # doctest: +SKIP
-    'headwise'
+    ...                                              init_from=baseline, gate="headwise"))
+    >>> model.config.gate_type, next(model.parameters()).dtype
+    ('headwise', torch.float32)
     """
     from ...transforms.conversion import convert_qwen3_to_gated
 

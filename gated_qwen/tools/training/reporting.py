@@ -54,8 +54,15 @@ def evaluate(model, rows: torch.Tensor, batch_size: int = 16) -> dict:
 
     Each row is scored on its own: tokens 1..T-1 given the ones before them in the row.
 
-    >>> evaluate(model, heldout_rows(stream, 256, 32))  # doctest: +SKIP
-    {'loss': 2.91, 'ppl': 18.4, 'tokens': 8160}
+    >>> from gated_qwen import Qwen3GatedConfig, Qwen3GatedForCausalLM
+    >>> model = Qwen3GatedForCausalLM(Qwen3GatedConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+    ...     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8, gate_type="headwise"))
+    >>> rows = torch.randint(64, (4, 16), generator=torch.Generator().manual_seed(0))
+    >>> result = evaluate(model, rows)
+    >>> result["tokens"], math.isclose(result["ppl"], math.exp(result["loss"]))  # 4 rows x 15 predicted tokens
+    (60, True)
+    >>> abs(result["loss"] - math.log(64)) < 0.5  # untrained: close to uniform over the 64 tokens
+    True
     """
     was_training = model.training
     model.eval()
@@ -91,8 +98,15 @@ def unigram_perplexity(train_stream: torch.Tensor, rows: torch.Tensor, vocab_siz
 def plot_losses(log_path: str | Path, png_path: str | Path) -> Path:
     """Plot train and held-out loss of a ``log.csv`` against tokens into a PNG (needs the ``plot`` extra).
 
-    >>> plot_losses("runs/headwise/log.csv", "runs/headwise/loss.png")  # doctest: +SKIP
-    PosixPath('runs/headwise/loss.png')
+    >>> import tempfile
+    >>> folder = tempfile.TemporaryDirectory()
+    >>> log = Path(folder.name) / "log.csv"
+    >>> for step, loss in ((10, 5.0), (20, 4.2), (30, 3.9)):
+    ...     append_log_row(log, {"step": step, "tokens": step * 4096, "train_loss": loss, "heldout_loss": loss + 0.1})
+    >>> png = plot_losses(log, Path(folder.name) / "loss.png")
+    >>> png.name, png.stat().st_size > 0
+    ('loss.png', True)
+    >>> folder.cleanup()
     """
     try:
         import matplotlib

@@ -62,7 +62,19 @@ class GatedTrainer(Trainer):
     ``parameter_groups`` name their parameters (``"names"``: the model's parameter names), so that the
     groups hold the parameters of the model as Trainer wrapped it (FSDP replaces them).
 
-    >>> trainer = GatedTrainer(model=model, args=hf_args, train_dataset=rows, parameter_groups=groups)  # doctest: +SKIP
+    >>> import tempfile
+    >>> from transformers import TrainingArguments
+    >>> from gated_qwen import Qwen3GatedConfig, Qwen3GatedForCausalLM
+    >>> from gated_qwen.tools.training import gate_parameter_groups
+    >>> model = Qwen3GatedForCausalLM(Qwen3GatedConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+    ...     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8, gate_type="headwise"))
+    >>> groups = _named_groups(gate_parameter_groups(model, lr=1e-3, gate_lr_scale=10.0), model)  # as train() does
+    >>> folder = tempfile.TemporaryDirectory()
+    >>> hf_args = TrainingArguments(output_dir=folder.name, report_to="none", use_cpu=True)
+    >>> trainer = GatedTrainer(model=model, args=hf_args, parameter_groups=groups)
+    >>> [(group["lr"], len(group["params"])) for group in trainer.create_optimizer().param_groups]
+    [(0.001, 16), (0.001, 9), (0.01, 2)]
+    >>> folder.cleanup()
     """
 
     def __init__(self, *args, parameter_groups: list[dict], adam_betas=(0.9, 0.95), **kwargs):
@@ -628,8 +640,17 @@ def train(args: TrainRunArguments, resume: str | Path | None = None) -> dict:
     position, so the losses equal those of an uninterrupted run. The summary counts the loss spikes
     (:class:`.reporting.LossSpikes`: ``loss_spikes``, ``loss_spike_steps``).
 
-    >>> train(TrainRunArguments(train_file="train.jsonl", output_dir="runs/x", max_steps=100))  # doctest: +SKIP
-    {'steps': 100, 'tokens': 409600, ...}
+    >>> import json, tempfile
+    >>> from gated_qwen.default_models import default_model_path
+    >>> folder = tempfile.TemporaryDirectory()
+    >>> corpus = Path(folder.name) / "train.jsonl"
+    >>> _ = corpus.write_text("".join(json.dumps({"text": f"def f{i}(x): return x + {i}"}) + "\\n" for i in range(40)))
+    >>> summary = train(TrainRunArguments(train_file=str(corpus), output_dir=f"{folder.name}/run", max_steps=2,
+    ...                                   init_from=str(default_model_path("headwise")), seq_len=32, batch_size=2,
+    ...                                   warmup_steps=1, progress=False))  # two steps of 2 rows of 32 tokens
+    >>> summary["steps"], summary["tokens"], summary["gate"], Path(summary["model"]).name
+    (2, 128, 'headwise', 'final')
+    >>> folder.cleanup()
     """
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
