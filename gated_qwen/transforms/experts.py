@@ -7,7 +7,8 @@ projection: ``mlp.experts.{e}.gate_proj.weight`` ``(I, hidden)``, ``up_proj`` li
 ``(hidden, I)`` (transformers 5.19 and 5.25 alike; Qwen3.5-MoE the same). The transforms write that storage,
 the one every reader takes (transformers, vLLM, the released models): :func:`saved_shapes` gives a model's
 tensors as ``save_pretrained`` writes them, and :func:`split_fused_experts` turns a source saved fused
-(``save_original_format=False``) into it. The values are never changed, only where they are stored.
+(``save_original_format=False``) into it; :func:`fuse_experts` is its inverse, back to the model's storage. The
+values are never changed, only where they are stored.
 
 >>> import torch
 >>> [(name, tuple(t.shape)) for name, t in split_fused_experts("model.layers.0.mlp.experts.down_proj", torch.zeros(2, 8, 4))]
@@ -54,6 +55,27 @@ def split_fused_experts(name: str, tensor: torch.Tensor) -> list[tuple[str, torc
     return [(f"{prefix}{expert}.down_proj.weight", tensor[expert]) for expert in range(tensor.shape[0])]
 
 
+def fuse_experts(name: str, pieces: list[tuple[str, torch.Tensor]]) -> torch.Tensor:
+    """The fused expert tensor ``name`` from its per-expert ``(name, tensor)`` pieces, in the order
+    :func:`split_fused_experts` gives them: its inverse, so ``fuse_experts(name, split_fused_experts(name, t))``
+    equals ``t``. A piece named otherwise than that order says is refused.
+
+    >>> fused = torch.arange(2 * 6 * 3.0).reshape(2, 6, 3)  # 2 experts, intermediate 3, hidden 3
+    >>> name = "model.layers.0.mlp.experts.gate_up_proj"
+    >>> torch.equal(fuse_experts(name, split_fused_experts(name, fused)), fused)
+    True
+    """
+    prefix = name[: -len(FUSED_GATE_UP if name.endswith(FUSED_GATE_UP) else FUSED_DOWN)] + "mlp.experts."
+    projections = ("gate_proj", "up_proj") if name.endswith(FUSED_GATE_UP) else ("down_proj",)
+    expected = [f"{prefix}{e}.{p}.weight" for e in range(len(pieces) // len(projections)) for p in projections]
+    if not pieces or [piece_name for piece_name, _ in pieces] != expected:
+        raise ValueError(f"the pieces of {name} are {expected}, not {[piece_name for piece_name, _ in pieces]}")
+    tensors = [tensor for _, tensor in pieces]
+    if len(projections) == 1:
+        return torch.stack(tensors)  # (E, hidden, I)
+    return torch.cat([torch.stack(tensors[0::2]), torch.stack(tensors[1::2])], dim=1)  # (E, 2*I, hidden)
+
+
 def saved_shapes(model: torch.nn.Module, skip: set[str] = frozenset()) -> dict[str, tuple[int, ...]]:
     """The tensors ``model`` saves (``save_pretrained``'s names and shapes): its state dict with each fused
     expert tensor as one tensor per expert and projection. ``model`` may be a skeleton on the meta device;
@@ -75,4 +97,4 @@ def saved_shapes(model: torch.nn.Module, skip: set[str] = frozenset()) -> dict[s
     return shapes
 
 
-__all__ = ["is_fused_experts", "saved_shapes", "split_fused_experts"]
+__all__ = ["fuse_experts", "is_fused_experts", "saved_shapes", "split_fused_experts"]

@@ -390,7 +390,14 @@ def test_gradient_checkpointing_gives_an_moe_the_same_steps(corpus, tmp_path, st
 
 
 def test_resume_of_an_moe_run_equals_an_uninterrupted_one(corpus, tmp_path, stock_moe_source):
-    """Trainer's checkpoints hold the experts as transformers saves them; resuming loads them back exactly."""
+    """Trainer's checkpoints hold the experts as transformers saves them (one tensor per expert, the layout
+    from_pretrained and vLLM read); resuming loads them back exactly, also from shards that split an expert
+    tensor's pieces between files (Trainer loads a shard at a time)."""
+    from huggingface_hub import save_torch_state_dict
+    from safetensors.torch import load_file
+
+    from gated_qwen.transforms.experts import is_fused_experts
+
     source = aux_sources(tmp_path, stock_moe_source, coef=0.01)[True]
     args = moe_args(
         corpus,
@@ -403,8 +410,23 @@ def test_resume_of_an_moe_run_equals_an_uninterrupted_one(corpus, tmp_path, stoc
         eval_every=4,
     )
     train(args)
-    train(dataclasses.replace(args, output_dir=str(tmp_path / "resumed")), resume=tmp_path / "whole" / "checkpoint-2")
-    whole, resumed = read_log(tmp_path / "whole"), read_log(tmp_path / "resumed")
-    assert [row["step"] for row in resumed] == ["3", "4"]
-    assert [row["train_loss"] for row in resumed] == [row["train_loss"] for row in whole[-2:]]
-    assert resumed[-1]["heldout_loss"] == whole[-1]["heldout_loss"]
+    checkpoint = tmp_path / "whole" / "checkpoint-2"
+    saved = load_file(checkpoint / "model.safetensors")
+    assert "model.layers.1.mlp.experts.3.down_proj.weight" in saved
+    assert not [name for name in saved if is_fused_experts(name)]
+
+    sharded = tmp_path / "sharded" / "checkpoint-2"
+    shutil.copytree(checkpoint, sharded)
+    (sharded / "model.safetensors").unlink()
+    save_torch_state_dict(saved, sharded, max_shard_size=5_000)  # about two expert pieces (16 x 32 floats) a file
+    weight_map = json.loads((sharded / "model.safetensors.index.json").read_text())["weight_map"]
+    gate_up = [f"model.layers.0.mlp.experts.{e}.{p}.weight" for e in range(4) for p in ("gate_proj", "up_proj")]
+    assert len({weight_map[name] for name in gate_up}) > 1  # one fused tensor's pieces in several shards
+
+    whole = read_log(tmp_path / "whole")
+    for resume_from, out in ((checkpoint, "resumed"), (sharded, "resumed_sharded")):
+        train(dataclasses.replace(args, output_dir=str(tmp_path / out)), resume=resume_from)
+        resumed = read_log(tmp_path / out)
+        assert [row["step"] for row in resumed] == ["3", "4"]
+        assert [row["train_loss"] for row in resumed] == [row["train_loss"] for row in whole[-2:]]
+        assert resumed[-1]["heldout_loss"] == whole[-1]["heldout_loss"]

@@ -188,6 +188,57 @@ def check_resume_matches(args: TrainRunArguments, state: dict, num_processes: in
         )
 
 
+def load_experts_as_saved(model) -> None:
+    """Let ``model.load_state_dict`` take a Qwen3-MoE's experts as ``save_pretrained`` writes them, one tensor per
+    expert, fusing them into the tensors the model holds (:func:`~gated_qwen.transforms.experts.fuse_experts`).
+
+    Trainer resumes (and loads its best model) with a plain ``load_state_dict(strict=False)`` of the checkpoint's
+    file, which would leave the fused experts as they were, with only a warning (transformers issue #48805). With
+    this ``load_state_dict`` pre-hook, checkpoints keep the layout every reader takes (``from_pretrained``, vLLM,
+    the released models) and resume exactly. Shards are loaded one ``load_state_dict`` call each: an expert tensor
+    whose pieces span two shards is fused once the last piece has come. A state dict that already holds the fused
+    tensors passes unchanged; a model without fused experts gets no hook.
+
+    >>> import torch
+    >>> from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+    >>> from gated_qwen.transforms.experts import is_fused_experts, split_fused_experts
+    >>> config = Qwen3MoeConfig(num_hidden_layers=1, num_experts=2, moe_intermediate_size=4, hidden_size=8,
+    ...                         num_attention_heads=2, num_key_value_heads=1, vocab_size=16)
+    >>> source, model = Qwen3MoeForCausalLM(config), Qwen3MoeForCausalLM(config)
+    >>> as_saved = {}  # the experts as save_pretrained writes them
+    >>> for name, tensor in source.state_dict().items():
+    ...     as_saved.update(split_fused_experts(name, tensor) if is_fused_experts(name) else [(name, tensor)])
+    >>> load_experts_as_saved(model)
+    >>> model.load_state_dict(as_saved, strict=True)
+    <All keys matched successfully>
+    >>> torch.equal(model.model.layers[0].mlp.experts.down_proj, source.model.layers[0].mlp.experts.down_proj)
+    True
+    """
+    from ...transforms.experts import fuse_experts, is_fused_experts, split_fused_experts
+
+    # fused tensor name -> the names of its per-expert pieces, in fuse_experts' order
+    pieces = {
+        name: [piece for piece, _ in split_fused_experts(name, tensor)]
+        for name, tensor in model.state_dict().items()
+        if is_fused_experts(name)
+    }
+    if not pieces:
+        return
+    waiting = {}  # pieces of an expert tensor whose other pieces are in a shard still to come
+
+    def fuse_saved_experts(module, state_dict, prefix, *args):
+        for name, piece_names in pieces.items():
+            if prefix + name in state_dict:
+                continue
+            waiting.update(
+                (piece, state_dict.pop(prefix + piece)) for piece in piece_names if prefix + piece in state_dict
+            )
+            if all(piece in waiting for piece in piece_names):
+                state_dict[prefix + name] = fuse_experts(name, [(piece, waiting.pop(piece)) for piece in piece_names])
+
+    model.register_load_state_dict_pre_hook(fuse_saved_experts)
+
+
 def output_folder(args: TrainRunArguments, checkpoint: Path | None) -> OutputFolder:
     """--out, checked before any work (nothing is written yet): the :class:`OutputFolder` of the run's first files.
 
@@ -211,4 +262,11 @@ def output_folder(args: TrainRunArguments, checkpoint: Path | None) -> OutputFol
         raise TrainingError(str(error)) from None
 
 
-__all__ = ["RUN_STATE", "check_resume_matches", "latest_checkpoint", "output_folder", "read_checkpoint"]
+__all__ = [
+    "RUN_STATE",
+    "check_resume_matches",
+    "latest_checkpoint",
+    "load_experts_as_saved",
+    "output_folder",
+    "read_checkpoint",
+]

@@ -12,7 +12,6 @@ the fly), the checks made before anything is written, ``final/``, ``summary.json
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import os
 import re
@@ -56,8 +55,9 @@ def _plain_name(name: str) -> str:
 
 class GatedTrainer(Trainer):
     """A :class:`~transformers.Trainer` whose optimizer is AdamW over given parameter groups (the gate rows apart),
-    and whose training data is already this process's share (:class:`.data.PackedRows`), so its DataLoader is
-    not sharded again.
+    whose training data is already this process's share (:class:`.data.PackedRows`), so its DataLoader is
+    not sharded again, and whose model resumes an MoE's experts from the one-tensor-per-expert layout its
+    checkpoints are saved in (:func:`.checkpoints.load_experts_as_saved`).
 
     ``parameter_groups`` name their parameters (``"names"``: the model's parameter names), so that the
     groups hold the parameters of the model as Trainer wrapped it (FSDP replaces them).
@@ -80,6 +80,8 @@ class GatedTrainer(Trainer):
     def __init__(self, *args, parameter_groups: list[dict], adam_betas=(0.9, 0.95), **kwargs):
         super().__init__(*args, **kwargs)
         self.gate_groups, self.adam_betas = parameter_groups, tuple(adam_betas)
+        # checkpoints hold an MoE's experts one tensor per expert, as save_pretrained writes them; resume fuses them
+        ckpt.load_experts_as_saved(self.model)
 
     def create_optimizer(self, model=None):
         if self.optimizer is None:
@@ -126,21 +128,6 @@ class GatedTrainer(Trainer):
             coef = self.accelerator.unwrap_model(model).router_aux_loss_coef
             loss = loss + coef * aux_loss.to(loss.device) * (1.0 / steps - processes)
         return (loss, outputs) if return_outputs else loss
-
-    def _save(self, output_dir=None, state_dict=None):
-        """Trainer's checkpoint, its weights in the layout the model holds them.
-
-        Trainer resumes by ``load_state_dict`` (strict=False) on the saved file, while transformers 5's
-        ``save_pretrained`` writes a Qwen3-MoE's fused experts one tensor per expert (their layout on disk): the
-        experts would be left as they were, with only a warning. So checkpoints are saved with
-        ``save_original_format=False``; ``final/`` is written by ``save_pretrained`` as any checkpoint is.
-        """
-        model = self.accelerator.unwrap_model(self.model, keep_torch_compile=False)
-        model.save_pretrained = functools.partial(model.save_pretrained, save_original_format=False)
-        try:
-            super()._save(output_dir, state_dict)
-        finally:
-            del model.save_pretrained
 
     def get_train_dataloader(self):
         from transformers import default_data_collator
