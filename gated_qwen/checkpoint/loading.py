@@ -45,11 +45,10 @@ def strict_from_pretrained(
 ):
     """transformers' ``from_pretrained``, strict where a mismatch means the config does not describe the weights.
 
-    ``inherited`` is the ``from_pretrained`` the strict one wraps (transformers', bound to ``cls``),
-    ``family`` the model family's name for messages (``"Qwen3Gated"``). Reads
-    the released arms as they are (``model_type "qwen2"``, one ``pytorch_model.bin``, which transformers
-    reads with ``torch.load(weights_only=True)``), stock Qwen3 checkpoints (gate ``"none"``) and checkpoints
-    saved here. Python files beside the weights are never imported.
+    ``inherited`` is the ``from_pretrained`` the strict one wraps (transformers', bound to ``cls``), ``family``
+    the model family's name for messages (``"Qwen3Gated"``). Reads the released arms as they are (``model_type
+    "qwen2"``, one ``pytorch_model.bin``, read with ``torch.load(weights_only=True)``), stock Qwen3 checkpoints
+    (gate ``"none"``) and checkpoints saved here. Python files beside the weights are never imported.
 
     Errors (:class:`~gated_qwen.errors.CheckpointError`), unless ``strict=False``:
 
@@ -71,21 +70,18 @@ def strict_from_pretrained(
     error). ``strict=False`` is transformers' behaviour in every case. ``trust_remote_code=True`` is
     refused.
 
-    A quantized checkpoint (``save_pretrained`` of a model loaded with transformers' ``TorchAoConfig``) is
-    read under the same rules: each quantized weight's stored parts count as the weight, and its shape is
-    checked on the loaded model, where the quantized tensor reports the shape of the weight it stands for.
+    A quantized checkpoint (``save_pretrained`` of a model loaded with ``TorchAoConfig``) is read under the same
+    rules: a quantized weight's stored parts count as the weight, its shape checked on the loaded model.
 
-    >>> from gated_qwen import Qwen3GatedForCausalLM
-    >>> from gated_qwen.default_models import default_model_path
-    >>> folder = default_model_path("headwise")
+    >>> from gated_qwen import Qwen3GatedForCausalLM, default_models
+    >>> folder = default_models.default_model_path("headwise")
     >>> Qwen3GatedForCausalLM.from_pretrained(folder).config.gate_type
     'headwise'
     >>> Qwen3GatedForCausalLM.from_pretrained(folder, use_qk_norm=False)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
     gated_qwen.errors.WeightShapeMismatchError: ...use_qk_norm False, but the checkpoint has ...k_norm.weight...
-    >>> model = Qwen3GatedForCausalLM.from_pretrained(folder, use_qk_norm=False, strict=False)  # drops QK-norm
-    >>> model.config.use_qk_norm
+    >>> Qwen3GatedForCausalLM.from_pretrained(folder, use_qk_norm=False, strict=False).config.use_qk_norm  # drops QK-norm
     False
     """
     from transformers.configuration_utils import PreTrainedConfig

@@ -59,17 +59,14 @@ def read_checkpoint(checkpoint: str | Path) -> dict:
     """Check every file of a training checkpoint, without loading it into a model; returns its run state.
 
     Each file must be whole, and the torch pickles Trainer loads (``optimizer.pt``, ``scheduler.pt``,
-    ``rng_state*.pth``, ``scaler.pt``) must hold plain data only: they are opened here with
-    ``torch.load(weights_only=True)`` (memory-mapped, so nothing large is read; numpy's RNG state
-    allowed, as Trainer allows it), which never runs code a pickle names. ``training_args.bin``, which
-    Trainer writes but never reads, is not opened. Anything else is a :class:`TrainingError` naming the
-    file and what to do, raised before a run writes anything.
+    ``rng_state*.pth``, ``scaler.pt``) plain data, opened with ``torch.load(weights_only=True)`` (memory-mapped;
+    numpy's RNG state allowed, as by Trainer), which never runs code a pickle names; ``training_args.bin``,
+    which Trainer never reads, is not opened. Else a :class:`TrainingError` names the file and what to do.
 
     >>> import tempfile, torch
     >>> from safetensors.torch import save_file
     >>> folder = tempfile.TemporaryDirectory()
-    >>> checkpoint = Path(folder.name) / "checkpoint-400"
-    >>> checkpoint.mkdir()
+    >>> (checkpoint := Path(folder.name) / "checkpoint-400").mkdir()
     >>> save_file({"lm_head.weight": torch.zeros(4, 2)}, checkpoint / "model.safetensors")
     >>> for name in ("optimizer.pt", "scheduler.pt", "rng_state.pth"):
     ...     torch.save({"state": torch.zeros(2)}, checkpoint / name)
