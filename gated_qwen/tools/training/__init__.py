@@ -8,7 +8,8 @@ The pieces, each usable alone:
 * :mod:`.data`: text through Hugging Face ``datasets`` (local files or any data set, streamed or not),
   sharded across processes, tokenized and packed on the fly into fixed-length rows (:class:`PackedRows`);
 * :mod:`.model_init`: the model to start from, new from a config or a checkpoint converted to a gate;
-* :mod:`.checkpoints`: Trainer's checkpoints, checked before a resume, and the rules of resuming;
+* :mod:`.checkpoints`: Trainer's checkpoints, checked before a resume, and the rules of resuming
+  (:func:`load_experts_as_saved`: an MoE's experts resumed from the layout they are saved in);
 * :mod:`.reporting`: held-out loss, the unigram floor, ``log.csv`` and ``loss.png``;
 * :mod:`.trainer`: :func:`train`, the ``gated-qwen train`` command's run.
 
@@ -35,7 +36,7 @@ comparison, whatever the number of processes each ran on.
 from __future__ import annotations
 
 from ..training_args import TrainingArguments, TrainingError, TrainRunArguments
-from .checkpoints import latest_checkpoint, read_checkpoint
+from .checkpoints import latest_checkpoint, load_experts_as_saved, read_checkpoint
 from .data import (
     EOS_TOKEN,
     PAD_TOKEN,
@@ -84,6 +85,7 @@ __all__ = [
     "gate_parameter_groups",
     "heldout_rows",
     "latest_checkpoint",
+    "load_experts_as_saved",
     "load_documents",
     "load_initial_model",
     "merge_gate_rows",
