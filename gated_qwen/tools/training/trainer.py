@@ -134,7 +134,7 @@ class GatedTrainer(Trainer):
 
         # PackedRows already yields this process's rows: a plain DataLoader, not one accelerate shards again
         return torch.utils.data.DataLoader(
-            self.train_dataset, batch_size=self._train_batch_size, collate_fn=default_data_collator
+            self.train_dataset, batch_size=self.args.train_batch_size, collate_fn=default_data_collator
         )
 
 
