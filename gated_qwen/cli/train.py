@@ -107,14 +107,12 @@ def add_parser(subparsers) -> None:
 
 
 def run_arguments(args):
-    """The :class:`TrainRunArguments` of parsed ``gated-qwen train`` options, after the bounds are checked."""
+    """The :class:`TrainRunArguments` of parsed ``gated-qwen train`` options (which check their bounds)."""
     import dataclasses
 
     from ..tools.training_args import TrainRunArguments
-    from ._arguments import check_at_least
 
     fields = [field for field in dataclasses.fields(TrainRunArguments) if field.metadata.get("cli", True)]
-    check_at_least(args, {field.name: field.metadata["at_least"] for field in fields if "at_least" in field.metadata})
     values = {field.name: getattr(args, field.name) for field in fields}
     if args.bf16:
         values["precision"] = "bf16"

@@ -64,7 +64,7 @@ def _option(default=None, help: str = "", group: str = "run", **metadata):
     ``metadata`` keys, read by :func:`gated_qwen.cli.train.add_dataclass_arguments` (which follows transformers'
     ``HfArgumentParser``): ``help``, ``aliases`` (other spellings accepted), ``choices``, ``metavar``, ``group``
     (the help section), ``exclusive`` (a required mutually exclusive group), ``negatable`` (a bool with ``--no-``),
-    ``cli=False`` (not on the command line).
+    ``cli=False`` (not on the command line), ``at_least`` (the least value, checked whenever the arguments are made).
     """
     metadata = {"help": help, "group": group, **metadata}
     if default is dataclasses.MISSING:  # a field every run gives
@@ -86,6 +86,10 @@ class TrainRunArguments:
     >>> args = TrainRunArguments(train_file="train.jsonl", output_dir="runs/x", max_steps=10)
     >>> args.tokens_per_step(num_processes=1)
     4096
+    >>> TrainRunArguments(train_file="train.jsonl", output_dir="runs/x", max_steps=10, batch_size=0)
+    Traceback (most recent call last):
+    ...
+    gated_qwen.tools.training_args.TrainingError: --batch-size must be at least 1, not 0
     """
 
     # local .jsonl/.json/.parquet/.txt file(s), comma-separated; or None with `dataset`
@@ -251,6 +255,13 @@ class TrainRunArguments:
     gate_lr_scale: float = _option(
         1.0, help="learning rate of the gate rows: --lr times X" + _DEFAULT, group="model", metavar="X"
     )
+
+    def __post_init__(self):
+        # a count below its least value would only fail later, some (batch_size=0) by exhausting the memory
+        for field in dataclasses.fields(self):
+            bound, value = field.metadata.get("at_least"), getattr(self, field.name)
+            if bound is not None and value is not None and value < bound:
+                raise TrainingError(f"--{field.name.replace('_', '-')} must be at least {bound}, not {value}")
 
     def rows_per_step(self, num_processes: int = 1) -> int:
         """The global batch: rows of seq_len tokens per optimizer step, over every process."""

@@ -66,6 +66,17 @@ def test_bounds_are_checked():
         parse("--train-file", "t", "--out", "o", "--max-steps", "1", "--seq-len", "0")
 
 
+@pytest.mark.parametrize("field", [f.name for f in dataclasses.fields(TrainRunArguments) if "at_least" in f.metadata])
+def test_bounds_are_checked_when_the_arguments_are_made_in_python(field):
+    """train(TrainRunArguments(batch_size=0)) ran out of memory; every bounded count is refused when made."""
+    from gated_qwen.tools.training_args import TrainingError
+
+    bound = TrainRunArguments.__dataclass_fields__[field].metadata["at_least"]
+    with pytest.raises(TrainingError, match=f"--{field.replace('_', '-')} must be at least {bound}, not {bound - 1}"):
+        TrainRunArguments("t.jsonl", "o", **{"max_steps": 1, field: bound - 1})
+    assert getattr(TrainRunArguments("t.jsonl", "o", **{"max_steps": 1, field: bound}), field) == bound
+
+
 def test_old_train_args_json_loads():
     fields = {field.name for field in dataclasses.fields(TrainRunArguments)}
     old = json.loads(json.dumps(dataclasses.asdict(TrainRunArguments("t", "o", max_steps=1))))
