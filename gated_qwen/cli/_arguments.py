@@ -50,22 +50,6 @@ def number(kind, low, high=None, low_open=False):
     return parse
 
 
-def check_at_least(args: argparse.Namespace, least: dict[str, int]) -> None:
-    """Refuse an option below its least value (options left unset, None, pass), in one line.
-
-    >>> check_at_least(argparse.Namespace(batch_size=0, stride=None), {"batch_size": 1, "stride": 1})
-    Traceback (most recent call last):
-    ...
-    gated_qwen.errors.GatedQwenError: --batch-size must be at least 1, not 0
-    """
-    from ..errors import GatedQwenError
-
-    for option, bound in least.items():
-        value = getattr(args, option)
-        if value is not None and value < bound:
-            raise GatedQwenError(f"--{option.replace('_', '-')} must be at least {bound}, not {value}")
-
-
 def add_model_source(parser, *, several: bool = False, what: str = "the checkpoint") -> None:
     """``--subfolder`` and ``--revision`` of the model(s) a command reads (MODEL itself is the command's own).
 
