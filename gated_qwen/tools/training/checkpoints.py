@@ -191,8 +191,8 @@ def load_experts_as_saved(model) -> None:
 
     Trainer resumes (and loads its best model) with a plain ``load_state_dict(strict=False)`` of the checkpoint's
     file, which would leave the fused experts as they were, with only a warning (transformers issue #48805). With
-    this ``load_state_dict`` pre-hook, checkpoints keep the layout every reader takes (``from_pretrained``, vLLM,
-    the released models) and resume exactly. Shards are loaded one ``load_state_dict`` call each: an expert tensor
+    this ``load_state_dict`` pre-hook, checkpoints keep the layout of Qwen's published Qwen3-MoE checkpoints (which
+    ``from_pretrained`` and vLLM read) and resume exactly. Shards are loaded one ``load_state_dict`` call each: an expert tensor
     whose pieces span two shards is fused once the last piece has come. A state dict that already holds the fused
     tensors passes unchanged; a model without fused experts gets no hook.
 
