@@ -414,6 +414,10 @@ def test_resume_of_an_moe_run_equals_an_uninterrupted_one(corpus, tmp_path, stoc
     saved = load_file(checkpoint / "model.safetensors")
     assert "model.layers.1.mlp.experts.3.down_proj.weight" in saved
     assert not [name for name in saved if is_fused_experts(name)]
+    reloaded = Qwen3MoeGatedForCausalLM.from_pretrained(checkpoint)  # strict: every tensor where the config says
+    assert torch.equal(
+        reloaded.model.layers[1].mlp.experts.down_proj[3], saved["model.layers.1.mlp.experts.3.down_proj.weight"]
+    )
 
     sharded = tmp_path / "sharded" / "checkpoint-2"
     shutil.copytree(checkpoint, sharded)
