@@ -33,6 +33,20 @@ def is_fused_experts(name: str) -> bool:
     return name.endswith((FUSED_GATE_UP, FUSED_DOWN))
 
 
+def piece_names(name: str, num_experts: int) -> list[str]:
+    """The names of the per-expert tensors the fused expert tensor ``name`` holds, in the order
+    :func:`split_fused_experts` gives them and :func:`fuse_experts` takes them.
+
+    >>> piece_names("model.layers.0.mlp.experts.gate_up_proj", 2)  # doctest: +NORMALIZE_WHITESPACE
+    ['model.layers.0.mlp.experts.0.gate_proj.weight', 'model.layers.0.mlp.experts.0.up_proj.weight',
+     'model.layers.0.mlp.experts.1.gate_proj.weight', 'model.layers.0.mlp.experts.1.up_proj.weight']
+    """
+    gate_up = name.endswith(FUSED_GATE_UP)
+    prefix = name[: -len(FUSED_GATE_UP if gate_up else FUSED_DOWN)] + "mlp.experts."
+    projections = ("gate_proj", "up_proj") if gate_up else ("down_proj",)
+    return [f"{prefix}{expert}.{projection}.weight" for expert in range(num_experts) for projection in projections]
+
+
 def split_fused_experts(name: str, tensor: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
     """The per-expert tensors, as ``(name, tensor)`` views, that a fused expert tensor holds.
 
@@ -40,19 +54,16 @@ def split_fused_experts(name: str, tensor: torch.Tensor) -> list[tuple[str, torc
     (the next I), as transformers concatenates them; ``down_proj`` ``(E, hidden, I)`` each expert's
     ``down_proj``. Works on meta tensors.
     """
-    prefix = name[: -len(FUSED_GATE_UP if name.endswith(FUSED_GATE_UP) else FUSED_DOWN)] + "mlp.experts."
     if name.endswith(FUSED_GATE_UP):
         if tensor.ndim != 3 or tensor.shape[1] % 2:
             raise ValueError(f"a fused gate_up_proj is (experts, 2 * intermediate, hidden), not {tuple(tensor.shape)}")
         gate, up = tensor.chunk(2, dim=1)
-        return [
-            (f"{prefix}{expert}.{projection}.weight", part[expert])
-            for expert in range(tensor.shape[0])
-            for projection, part in (("gate_proj", gate), ("up_proj", up))
-        ]
-    if tensor.ndim != 3:
-        raise ValueError(f"a fused down_proj is (experts, hidden, intermediate), not {tuple(tensor.shape)}")
-    return [(f"{prefix}{expert}.down_proj.weight", tensor[expert]) for expert in range(tensor.shape[0])]
+        parts = [part[expert] for expert in range(tensor.shape[0]) for part in (gate, up)]
+    else:
+        if tensor.ndim != 3:
+            raise ValueError(f"a fused down_proj is (experts, hidden, intermediate), not {tuple(tensor.shape)}")
+        parts = [tensor[expert] for expert in range(tensor.shape[0])]
+    return list(zip(piece_names(name, tensor.shape[0]), parts))
 
 
 def fuse_experts(name: str, pieces: list[tuple[str, torch.Tensor]]) -> torch.Tensor:
@@ -65,13 +76,13 @@ def fuse_experts(name: str, pieces: list[tuple[str, torch.Tensor]]) -> torch.Ten
     >>> torch.equal(fuse_experts(name, split_fused_experts(name, fused)), fused)
     True
     """
-    prefix = name[: -len(FUSED_GATE_UP if name.endswith(FUSED_GATE_UP) else FUSED_DOWN)] + "mlp.experts."
-    projections = ("gate_proj", "up_proj") if name.endswith(FUSED_GATE_UP) else ("down_proj",)
-    expected = [f"{prefix}{e}.{p}.weight" for e in range(len(pieces) // len(projections)) for p in projections]
-    if not pieces or [piece_name for piece_name, _ in pieces] != expected:
-        raise ValueError(f"the pieces of {name} are {expected}, not {[piece_name for piece_name, _ in pieces]}")
+    per_expert = 2 if name.endswith(FUSED_GATE_UP) else 1
+    names = [piece_name for piece_name, _ in pieces]
+    expected = piece_names(name, len(pieces) // per_expert)
+    if not pieces or names != expected:
+        raise ValueError(f"the pieces of {name} are {expected}, not {names}")
     tensors = [tensor for _, tensor in pieces]
-    if len(projections) == 1:
+    if per_expert == 1:
         return torch.stack(tensors)  # (E, hidden, I)
     return torch.cat([torch.stack(tensors[0::2]), torch.stack(tensors[1::2])], dim=1)  # (E, 2*I, hidden)
 
@@ -97,4 +108,4 @@ def saved_shapes(model: torch.nn.Module, skip: set[str] = frozenset()) -> dict[s
     return shapes
 
 
-__all__ = ["fuse_experts", "is_fused_experts", "saved_shapes", "split_fused_experts"]
+__all__ = ["fuse_experts", "is_fused_experts", "piece_names", "saved_shapes", "split_fused_experts"]

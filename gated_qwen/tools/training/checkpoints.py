@@ -191,10 +191,10 @@ def load_experts_as_saved(model) -> None:
 
     Trainer resumes (and loads its best model) with a plain ``load_state_dict(strict=False)`` of the checkpoint's
     file, which would leave the fused experts as they were, with only a warning (transformers issue #48805). With
-    this ``load_state_dict`` pre-hook, checkpoints keep the layout of Qwen's published Qwen3-MoE checkpoints (which
-    ``from_pretrained`` and vLLM read) and resume exactly. Shards are loaded one ``load_state_dict`` call each: an expert tensor
-    whose pieces span two shards is fused once the last piece has come. A state dict that already holds the fused
-    tensors passes unchanged; a model without fused experts gets no hook.
+    this ``load_state_dict`` pre-hook, checkpoints keep the layout of Qwen's published Qwen3-MoE checkpoints
+    (which ``from_pretrained`` and vLLM read) and resume exactly. Shards are loaded one ``load_state_dict`` call
+    each: an expert tensor whose pieces span two shards is fused once the last piece has come. A state dict that
+    already holds the fused tensors passes unchanged; a model without fused experts gets no hook.
 
     >>> import torch
     >>> from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
@@ -211,11 +211,11 @@ def load_experts_as_saved(model) -> None:
     >>> torch.equal(model.model.layers[0].mlp.experts.down_proj, source.model.layers[0].mlp.experts.down_proj)
     True
     """
-    from ...transforms.experts import fuse_experts, is_fused_experts, split_fused_experts
+    from ...transforms.experts import fuse_experts, is_fused_experts, piece_names
 
     # fused tensor name -> the names of its per-expert pieces, in fuse_experts' order
     pieces = {
-        name: [piece for piece, _ in split_fused_experts(name, tensor)]
+        name: piece_names(name, tensor.shape[0])
         for name, tensor in model.state_dict().items()
         if is_fused_experts(name)
     }
