@@ -235,17 +235,13 @@ def test_the_trained_loss_includes_the_routers_auxiliary_loss_when_the_config_as
     assert losses[True] - losses[False] == pytest.approx(coef * sum(aux_losses) / accumulation, abs=2e-5)
 
 
-@pytest.mark.slow
-def test_two_processes_weigh_the_auxiliary_loss_as_one_does(corpus, tmp_path, stock_moe_source):
-    """torchrun, 2 processes x 2 rows: the step's loss is coef x the mean of the two processes' auxiliary losses
-    (Trainer alone multiplies it by the process count: transformers issue #48690). Also: an MoE trains under DDP."""
+def torchrun_train(*flags: str) -> None:
+    """``gated-qwen train FLAGS`` under torchrun, 2 processes on a free port, one thread each."""
     import os
     import socket
     import subprocess
     import sys
 
-    coef = 0.5
-    sources = aux_sources(tmp_path, stock_moe_source, coef)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -255,52 +251,52 @@ def test_two_processes_weigh_the_auxiliary_loss_as_one_does(corpus, tmp_path, st
         "PYTHONPATH": str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""),
         "OMP_NUM_THREADS": "1",
     }
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}"]
+    launched = subprocess.run(
+        [*torchrun, "-m", "gated_qwen", "train", *flags, "--threads", "1", "--no-progress"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert launched.returncode == 0, launched.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_two_processes_weigh_the_auxiliary_loss_as_one_does(corpus, tmp_path, stock_moe_source):
+    """torchrun, 2 processes x 2 rows: the step's loss is coef x the mean of the two processes' auxiliary losses
+    (Trainer alone multiplies it by the process count: transformers issue #48690). Also: an MoE trains under DDP."""
+    coef = 0.5
+    sources = aux_sources(tmp_path, stock_moe_source, coef)
     losses = {}
     for aux, source in sources.items():
         out = tmp_path / f"run_{aux}"
-        launched = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--nproc_per_node=2",
-                f"--master_port={port + int(aux)}",
-                "-m",
-                "gated_qwen",
-                "train",
-                "--train-file",
-                str(corpus),
-                "--out",
-                str(out),
-                "--init-from",
-                str(source),
-                "--gate",
-                "headwise",
-                "--seq-len",
-                "32",
-                "--batch-size",
-                "2",
-                "--data-shards",
-                "2",
-                "--max-steps",
-                "1",
-                "--warmup-steps",
-                "0",
-                "--threads",
-                "1",
-                "--no-progress",
-            ],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        assert launched.returncode == 0, launched.stderr[-3000:]
+        torchrun_train(
+            "--train-file", str(corpus), "--out", str(out), "--init-from", str(source), "--gate", "headwise",
+            "--seq-len", "32", "--batch-size", "2", "--data-shards", "2", "--max-steps", "1", "--warmup-steps", "0",
+        )  # fmt: skip
         losses[aux] = float(read_log(out)[-1]["train_loss"])
     args = moe_args(corpus, tmp_path / "unused", init_from=str(sources[True]), gate="headwise", batch_size=2)
     aux_losses = [first_aux_losses(args, 1, rank, world_size=2)[0] for rank in (0, 1)]
     assert losses[True] - losses[False] == pytest.approx(coef * sum(aux_losses) / 2, abs=2e-5)
     assert Qwen3MoeGatedForCausalLM.from_pretrained(tmp_path / "run_True" / "final").config.gate_type == "headwise"
+
+
+@pytest.mark.slow
+def test_resume_of_an_moe_run_under_two_processes_is_exact(corpus, tmp_path, stock_moe_source):
+    """Under DDP each process loads the checkpoint's per-expert tensors into its fused experts: the resumed steps
+    have the losses of the uninterrupted run."""
+    flags = [
+        "--train-file", str(corpus), "--heldout-file", str(corpus), "--init-from", str(stock_moe_source),
+        "--gate", "headwise", "--init", "random", "--seq-len", "32", "--batch-size", "2", "--data-shards", "2",
+        "--max-steps", "3", "--save-every", "1", "--eval-every", "3", "--eval-rows", "4", "--warmup-steps", "0",
+    ]  # fmt: skip
+    torchrun_train(*flags, "--out", str(tmp_path / "whole"))
+    torchrun_train(*flags, "--out", str(tmp_path / "resumed"), "--resume", str(tmp_path / "whole" / "checkpoint-1"))
+    whole, resumed = read_log(tmp_path / "whole"), read_log(tmp_path / "resumed")
+    assert [row["step"] for row in resumed] == ["2", "3"]
+    assert [row["train_loss"] for row in resumed] == [row["train_loss"] for row in whole[-2:]]
+    assert resumed[-1]["heldout_loss"] == whole[-1]["heldout_loss"]
 
 
 def test_an_moe_config_trains_from_scratch(corpus, tmp_path):
