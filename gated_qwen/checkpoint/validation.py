@@ -81,18 +81,37 @@ def q_proj_gate_type(config) -> str:
     return config.gate_type if getattr(config, "gate_in_q_proj", True) else "none"
 
 
-def _has_own_gate(config) -> bool:  # a gate outside q_proj, with its projection g_proj
+def _has_own_gate(config) -> bool:  # a gate outside q_proj, with its projection g_proj (or its own scores)
     return config.gate_type != "none" and not getattr(config, "gate_in_q_proj", True)
+
+
+def _own_gate_tensor(config) -> str | None:
+    """The tensor of a gate outside q_proj: ``g_proj.weight``, or the learned scores of an input-independent gate."""
+    if not _has_own_gate(config):
+        return None
+    return (
+        "self_attn.gate_logits"
+        if getattr(config, "gate_input", "hidden_states") == "none"
+        else "self_attn.g_proj.weight"
+    )
 
 
 def _gate_says(config) -> str:
     keys = ("gate_type",) if config.gate_type == "none" else ("gate_type", "gate_position", "gate_shared_across_heads")
+    if config.gate_type != "none" and getattr(config, "gate_input", "hidden_states") != "hidden_states":
+        keys += ("gate_input",)
     return " and ".join(f"{key} {getattr(config, key)!r}" for key in keys)
 
 
+SANDWICH_NORMS = ("attn_output_layernorm.weight", "mlp_output_layernorm.weight")  # with sandwich_norm only
+
+
 def norm_shape(config, local: str) -> Expected | NoPlace | None:
-    """A decoder layer's RMSNorms (``input_layernorm``, ``post_attention_layernorm``): ``(hidden_size,)``."""
-    if local in ("input_layernorm.weight", "post_attention_layernorm.weight"):
+    """A decoder layer's RMSNorms (``input_layernorm``, ``post_attention_layernorm``, and with ``sandwich_norm`` the
+    attention's and MLP's output norms): ``(hidden_size,)``."""
+    if local in SANDWICH_NORMS and not getattr(config, "sandwich_norm", False):
+        return NoPlace("sandwich_norm False")
+    if local in ("input_layernorm.weight", "post_attention_layernorm.weight", *SANDWICH_NORMS):
         return Expected((Dim(config.hidden_size, _says(config, "hidden_size")),))
     return None
 
@@ -116,11 +135,17 @@ def attention_shape(config, local: str) -> Expected | NoPlace | None:
         "v_proj": (kv_rows, hidden),
         "o_proj": (hidden, query_width),
     }
-    if module == "g_proj" and kind == "weight":
-        if not _has_own_gate(config):
+    if local in ("self_attn.g_proj.weight", "self_attn.gate_logits"):
+        if _own_gate_tensor(config) != local:
             return NoPlace(_gate_says(config))
         gate_heads, width = gate_heads_and_width(config)
+        if local == "self_attn.gate_logits":  # (heads, width): no projection of the input
+            return Expected((Dim(gate_heads, _gate_says(config)), Dim(width, _gate_says(config))))
         return Expected((Dim(gate_heads * width, _gate_says(config)), hidden))
+    if local == "self_attn.attn_output_transform.weight":  # RMSNorm over each head's SDPA output
+        if getattr(config, "attn_output_transform", "none") != "rmsnorm":
+            return NoPlace(f"attn_output_transform {getattr(config, 'attn_output_transform', 'none')!r}")
+        return Expected((Dim(head_dim, _says(config, "head_dim")),))
     if module in weights and kind == "weight":
         return Expected(weights[module])
     if module in weights and kind == "bias":
@@ -191,7 +216,11 @@ def dense_layer_tensors(config, layer: int = 0, held: set[str] = frozenset()) ->
     if config.use_qk_norm:
         names.update(dict.fromkeys(["self_attn.q_norm.weight", "self_attn.k_norm.weight"], "use_qk_norm True"))
     if _has_own_gate(config):
-        names["self_attn.g_proj.weight"] = _gate_says(config)
+        names[_own_gate_tensor(config)] = _gate_says(config)
+    if getattr(config, "attn_output_transform", "none") == "rmsnorm":
+        names["self_attn.attn_output_transform.weight"] = "attn_output_transform 'rmsnorm'"
+    if getattr(config, "sandwich_norm", False):
+        names.update(dict.fromkeys(SANDWICH_NORMS, "sandwich_norm True"))
     return names
 
 
@@ -376,7 +405,9 @@ def weight_disagreements(
         elif expected is not None and name not in unchecked and tuple(info.shape) != expected.shape:
             if local == "self_attn.q_proj.weight" and len(info.shape) == 2:
                 problems.append((order, _q_proj_sentence(config, name, tuple(info.shape))))
-            elif sizes or local.startswith(("self_attn.q_proj.", "self_attn.g_proj.")):  # gates never re-initialised
+            elif sizes or local.startswith(
+                ("self_attn.q_proj.", "self_attn.g_proj.", "self_attn.gate_logits")
+            ):  # gates never re-initialised
                 found = tuple(info.shape)
                 wrong = [dim.says for i, dim in enumerate(expected.dims) if i >= len(found) or found[i] != dim.size]
                 says = " and ".join(dict.fromkeys(wrong)) or f"{len(expected.dims)} dimensions"

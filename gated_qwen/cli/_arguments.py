@@ -11,15 +11,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..utils.names import (
-    DEVICES,
-    DTYPES,
-    GATE_ACTIVATIONS,
-    GATE_COMBINATIONS,
-    GATE_POSITIONS,
-    GATE_VARIANT_DEFAULTS,
-    GATE_VARIANT_HELP,
-)
+from ..utils.names import DEVICES, DTYPES, GATE_VARIANT_CHOICES, GATE_VARIANT_DEFAULTS, GATE_VARIANT_HELP
 
 
 def number(kind, low, high=None, low_open=False):
@@ -154,27 +146,27 @@ def written(result) -> str:
 
 
 def add_gate_variant_arguments(parser) -> None:
-    """The gate variant beside ``--gate`` (docs/design-space.md): position, sharing, activation, combination.
+    """The gate variant beside ``--gate`` (docs/design-space.md): position, sharing, activation, combination,
+    input, and the SDPA-output transform and sandwich norm.
 
     Defaults are the released point (a head-specific sigmoid gate multiplying the SDPA output).
 
     >>> parser = argparse.ArgumentParser()
     >>> add_gate_variant_arguments(parser)
-    >>> gate_variant_options(parser.parse_args(["--gate-position", "value", "--gate-shared-across-heads"]))
-    {'gate_position': 'value', 'gate_shared_across_heads': True, 'gate_activation': 'sigmoid', 'gate_combination': 'multiplicative'}
+    >>> options = gate_variant_options(parser.parse_args(["--gate-position", "value", "--sandwich-norm"]))
+    >>> options["gate_position"], options["gate_activation"], options["sandwich_norm"]
+    ('value', 'sigmoid', True)
     """
-    choices = {
-        "gate_position": GATE_POSITIONS,
-        "gate_activation": GATE_ACTIVATIONS,
-        "gate_combination": GATE_COMBINATIONS,
-    }
     for key, default in GATE_VARIANT_DEFAULTS.items():
         flag = "--" + key.replace("_", "-")
         if isinstance(default, bool):
             parser.add_argument(flag, action="store_true", help=GATE_VARIANT_HELP[key])
         else:
             parser.add_argument(
-                flag, choices=choices[key], default=default, help=GATE_VARIANT_HELP[key] + " (default %(default)s)"
+                flag,
+                choices=GATE_VARIANT_CHOICES[key],
+                default=default,
+                help=GATE_VARIANT_HELP[key] + " (default %(default)s)",
             )
 
 

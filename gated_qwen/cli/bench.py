@@ -150,9 +150,9 @@ def gate_variant(args) -> dict:
     """The design-space keys the --gate-* options set away from the released gate's.
 
     >>> import argparse
-    >>> gate_variant(argparse.Namespace(gate_position="value", gate_shared_across_heads=False,
-    ...                                 gate_activation="silu", gate_combination="multiplicative"))
-    {'gate_position': 'value', 'gate_activation': 'silu'}
+    >>> from gated_qwen.utils.names import GATE_VARIANT_DEFAULTS
+    >>> gate_variant(argparse.Namespace(**{**GATE_VARIANT_DEFAULTS, "gate_position": "value", "sandwich_norm": True}))
+    {'gate_position': 'value', 'sandwich_norm': True}
     """
     from ..utils.names import GATE_VARIANT_DEFAULTS
     from ._arguments import gate_variant_options

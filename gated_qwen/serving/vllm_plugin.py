@@ -113,7 +113,7 @@ def check_served_checkpoint(vllm_config) -> None:
         return  # not a model of this plugin's
     # refuses sizes that make no model, naming the key
     config = (Qwen3MoeGatedConfig if moe else Qwen3GatedConfig).from_dict(config_dict)
-    if gated and config.gate_type != "none" and not config.is_released_gate:
+    if gated and not config.is_released_point:  # a design-space key away from the release, gate or none
         raise CheckpointError(
             f"{model_config.model}: vLLM serves the released gate (sigmoid, multiplying the SDPA output of each head) "
             f"through gated-qwen's plugin, not this {config.gate_variant()}; generate with transformers "

@@ -16,6 +16,7 @@ from ..utils.names import (
     GATE_COMBINATIONS,
     GATE_POSITIONS,
     GATE_TYPES,
+    GATE_VARIANT_CHOICES,
     GATE_VARIANT_DEFAULTS,
     GATE_VARIANT_HELP,
 )
@@ -51,6 +52,9 @@ RUN_DATA_KEYS = (
     "gate_shared_across_heads",
     "gate_activation",
     "gate_combination",
+    "gate_input",
+    "attn_output_transform",
+    "sandwich_norm",
 )
 
 
@@ -170,6 +174,21 @@ class TrainRunArguments:
         help=GATE_VARIANT_HELP["gate_combination"] + _DEFAULT,
         group="model",
         choices=GATE_COMBINATIONS,
+    )
+    gate_input: str = _option(
+        GATE_VARIANT_DEFAULTS["gate_input"],
+        help=GATE_VARIANT_HELP["gate_input"] + _DEFAULT,
+        group="model",
+        choices=GATE_VARIANT_CHOICES["gate_input"],
+    )
+    attn_output_transform: str = _option(
+        GATE_VARIANT_DEFAULTS["attn_output_transform"],
+        help=GATE_VARIANT_HELP["attn_output_transform"] + _DEFAULT,
+        group="model",
+        choices=GATE_VARIANT_CHOICES["attn_output_transform"],
+    )
+    sandwich_norm: bool = _option(
+        GATE_VARIANT_DEFAULTS["sandwich_norm"], help=GATE_VARIANT_HELP["sandwich_norm"], group="model"
     )
     tokenizer: str | None = _option(
         help="from scratch: a tokenizer folder to use instead of training one", group="data"

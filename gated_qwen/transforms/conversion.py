@@ -130,23 +130,39 @@ WITHOUT_QK_NORM = {
 }
 
 
-def check_identity_init(config, init: str) -> None:
-    """Refuse ``init="identity"`` for a gate that no zero-initialised projection makes the identity.
+# Each activation's gate score at zero logits: what a zero-initialised gate multiplies by or adds.
+GATE_AT_ZERO = {"sigmoid": 0.5, "silu": 0.0, "identity": 0.0, "ns_sigmoid": 0.75}
 
-    A sigmoid gate at zero logits is 0.5: multiplying, the tensor it halves is doubled; a SiLU gate at zero is 0:
-    adding, nothing changes. A multiplying SiLU gate (0 times the tensor) and an adding sigmoid gate (plus 0.5)
-    have no such form.
+
+def check_identity_init(config, init: str) -> None:
+    """Refuse ``init="identity"`` for a model that no zero-initialised gate makes compute what its source did.
+
+    A sigmoid gate at zero logits is 0.5 (from ``g_proj``, q_proj's rows or input-independent scores alike):
+    multiplying, the tensor it halves is doubled, exactly; a SiLU or identity gate at zero is 0: adding, nothing
+    changes. A multiplying SiLU or identity gate (0 times the tensor), an adding sigmoid gate (plus 0.5) and an
+    NS-sigmoid gate (0.75: undoing it multiplies by 4/3, which rounds) have no exact form; nor has an SDPA-output
+    transform or a sandwich norm, which change the outputs whatever the new weights.
 
     >>> check_identity_init(Qwen3GatedConfig(gate_type="headwise", gate_activation="silu"), "identity")
     Traceback (most recent call last):
     ...
     gated_qwen.errors.GatedQwenError: --init identity has no exact form for a headwise silu multiplicative gate at sdpa_output, head-specific: at zero logits it multiplies by 0; use --init random
     """
-    if init != "identity" or config.gate_type == "none":
+    if init != "identity":
         return
-    at_zero = {"sigmoid": 0.5, "silu": 0.0}[config.gate_activation]
-    if (config.gate_combination, at_zero) in (("multiplicative", 0.0), ("additive", 0.5)):
-        what = "multiplies by 0" if at_zero == 0.0 else "adds 0.5"
+    if config.attn_output_transform != "none" or config.sandwich_norm:
+        what = "a sandwich norm" if config.sandwich_norm else f"{config.attn_output_transform} on the SDPA output"
+        raise GatedQwenError(
+            f"--init identity has no exact form for {what}: it changes the outputs whatever its weights; "
+            "use --init random"
+        )
+    if config.gate_type == "none":
+        return
+    at_zero = GATE_AT_ZERO[config.gate_activation]
+    if at_zero != {"multiplicative": 0.5, "additive": 0.0}[config.gate_combination]:
+        what = f"multiplies by {at_zero:g}" if config.gate_combination == "multiplicative" else f"adds {at_zero:g}"
+        if config.gate_combination == "multiplicative" and at_zero:
+            what += f" (undoing it multiplies by {1 / at_zero:.4g}, which rounds)"
         raise GatedQwenError(
             f"--init identity has no exact form for a {config.gate_variant()}: at zero logits it {what}; "
             "use --init random"
@@ -155,15 +171,16 @@ def check_identity_init(config, init: str) -> None:
 
 def _doubled_for_identity(name: str, config) -> bool:
     if config.gate_activation != "sigmoid" or config.gate_combination != "multiplicative":
-        return False  # additive SiLU: zero logits add nothing
+        return False  # additive SiLU or identity: zero logits add nothing
     position = config.gate_position
     names = WITHOUT_QK_NORM[position] if position in WITHOUT_QK_NORM and not config.use_qk_norm else None
     return name.endswith(names or DOUBLED_FOR_IDENTITY[position])
 
 
 def gate_projection(query_weight: torch.Tensor, config, init: str = "identity") -> torch.Tensor:
-    """The weight of ``g_proj`` for a gate outside q_proj, ``(heads * width, hidden)``: zero (identity) or drawn
-    like the model's initializer (random), on q_proj's device and in its dtype.
+    """The weight of ``g_proj`` for a gate outside q_proj, ``(heads * width, hidden)``, or an input-independent
+    gate's scores, ``(heads, width)``: zero (identity) or drawn like the model's initializer (random), on q_proj's
+    device and in its dtype.
 
     >>> config = Qwen3GatedConfig(hidden_size=16, num_attention_heads=4, num_key_value_heads=2, head_dim=4,
     ...                           gate_type="elementwise", gate_position="value")
@@ -171,8 +188,42 @@ def gate_projection(query_weight: torch.Tensor, config, init: str = "identity") 
     torch.Size([8, 16])
     """
     heads, width = gate_heads_and_width(config)
-    weight = query_weight.new_zeros(heads * width, query_weight.shape[-1])
+    shape = (heads, width) if config.gate_input == "none" else (heads * width, query_weight.shape[-1])
+    weight = query_weight.new_zeros(shape)
     return weight.normal_(mean=0.0, std=config.initializer_range) if init == "random" else weight
+
+
+def new_layer_tensors(q_proj_name: str, query_weight: torch.Tensor, config, init: str = "identity"):
+    """The tensors a layer of the gated model has and its source lacks, named after the layer's q_proj weight:
+    a gate's own projection or scores (:func:`gate_projection`), and, at ``init="random"``, the RMSNorm weights
+    (ones) of an SDPA-output norm and a sandwich norm. On q_proj's device and in its dtype.
+
+    >>> config = Qwen3GatedConfig(hidden_size=16, num_attention_heads=4, num_key_value_heads=2, head_dim=4,
+    ...                           gate_type="headwise", gate_input="none", sandwich_norm=True)
+    >>> [name for name, _ in new_layer_tensors("layers.0.self_attn.q_proj.weight", torch.ones(16, 16), config, "random")]
+    ['layers.0.self_attn.gate_logits', 'layers.0.attn_output_layernorm.weight', 'layers.0.mlp_output_layernorm.weight']
+    """
+    prefix = q_proj_name.removesuffix("self_attn.q_proj.weight")
+    new = []
+    if not config.gate_in_q_proj and config.gate_type != "none":
+        own = "self_attn.gate_logits" if config.gate_input == "none" else "self_attn.g_proj.weight"
+        new.append((prefix + own, gate_projection(query_weight, config, init)))
+    if config.attn_output_transform == "rmsnorm":
+        new.append((prefix + "self_attn.attn_output_transform.weight", query_weight.new_ones(config.head_dim)))
+    if config.sandwich_norm:
+        for norm in NEW_LAYER_NORMS:
+            new.append((prefix + norm, query_weight.new_ones(config.hidden_size)))
+    return new
+
+
+NEW_LAYER_NORMS = ("attn_output_layernorm.weight", "mlp_output_layernorm.weight")  # sandwich_norm's
+# Names (ends) of the tensors :func:`new_layer_tensors` adds: what a source may lack.
+NEW_TENSOR_ENDS = (
+    "self_attn.g_proj.weight",
+    "self_attn.gate_logits",
+    "self_attn.attn_output_transform.weight",
+    *NEW_LAYER_NORMS,
+)
 
 
 def grow_q_proj(query: torch.Tensor, config: Qwen3GatedConfig, init: str = "identity") -> torch.Tensor:
@@ -218,10 +269,10 @@ def converted_tensors(
     name: str, tensor: torch.Tensor, config, init: str = "identity"
 ) -> list[tuple[str, torch.Tensor]]:
     """The gated model's tensors for the source tensor ``name``: :func:`convert_tensor`'s, and after q_proj's weight
-    the new ``g_proj`` of a gate outside q_proj (:func:`gate_projection`)."""
+    the layer's new tensors (:func:`new_layer_tensors`: ``g_proj`` of a gate outside q_proj, ...)."""
     converted = [(name, convert_tensor(name, tensor, config, init))]
-    if not config.gate_in_q_proj and config.gate_type != "none" and name.endswith("self_attn.q_proj.weight"):
-        converted.append((name.replace("q_proj.weight", "g_proj.weight"), gate_projection(tensor, config, init)))
+    if name.endswith("self_attn.q_proj.weight"):
+        converted += new_layer_tensors(name, tensor, config, init)
     return converted
 
 
@@ -303,7 +354,7 @@ def _gated_skeleton(
     with torch.device("meta"):
         gated = gated_class(config)
     expected = dict(gated.named_parameters(remove_duplicate=False)) | dict(gated.named_buffers(remove_duplicate=False))
-    new = {name for name in expected if name.endswith("self_attn.g_proj.weight")}  # a gate's own projection
+    new = {name for name in expected if name.endswith(NEW_TENSOR_ENDS)}  # a gate's own projection, ...
     if expected.keys() - new != tensors.keys():
         extra, missing = sorted(tensors.keys() - expected.keys()), sorted(expected.keys() - new - tensors.keys())
         raise GatedQwenError(
@@ -501,4 +552,5 @@ __all__ = [
     "converted_tensors",
     "gate_projection",
     "grow_q_proj",
+    "new_layer_tensors",
 ]

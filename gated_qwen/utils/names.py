@@ -17,22 +17,45 @@ GATE_TYPES = ("none", "headwise", "elementwise")
 # The first of each is the released point; sdpa_output + head-specific + sigmoid + multiplicative is the only
 # variant kept in the released layout (gate rows in q_proj).
 GATE_POSITIONS = ("sdpa_output", "value", "key", "query", "dense_output")
-GATE_ACTIVATIONS = ("sigmoid", "silu")
+# ns_sigmoid: 0.5 + 0.5 * sigmoid, scores in [0.5, 1] (Table 4 row 7); identity: the logits themselves (Table 3 row 7)
+GATE_ACTIVATIONS = ("sigmoid", "silu", "ns_sigmoid", "identity")
 GATE_COMBINATIONS = ("multiplicative", "additive")
-# The design-space keys beside gate_type and their defaults: the released gate's.
+# hidden_states: scores projected from the layer's input; none: learned scores, the same for every token (Table 4 row 6)
+GATE_INPUTS = ("hidden_states", "none")
+# applied to each head's SDPA output, parameter-free SiLU or RMSNorm (Table 3 rows 6 and 5)
+ATTN_OUTPUT_TRANSFORMS = ("none", "silu", "rmsnorm")
+# The design-space keys beside gate_type and their defaults: the released point's. The last two change the
+# attention and the decoder layer with or without a gate (UNGATED_VARIANT_KEYS); the others describe the gate.
 GATE_VARIANT_DEFAULTS = {
     "gate_position": "sdpa_output",
     "gate_shared_across_heads": False,
     "gate_activation": "sigmoid",
     "gate_combination": "multiplicative",
+    "gate_input": "hidden_states",
+    "attn_output_transform": "none",
+    "sandwich_norm": False,
+}
+UNGATED_VARIANT_KEYS = ("attn_output_transform", "sandwich_norm")
+# The values each of those keys takes (the booleans take true and false).
+GATE_VARIANT_CHOICES = {
+    "gate_position": GATE_POSITIONS,
+    "gate_activation": GATE_ACTIVATIONS,
+    "gate_combination": GATE_COMBINATIONS,
+    "gate_input": GATE_INPUTS,
+    "attn_output_transform": ATTN_OUTPUT_TRANSFORMS,
 }
 # What each of those keys does, as the command lines (convert, train, bench) say it.
 GATE_VARIANT_HELP = {
     "gate_position": "the tensor the gate acts on: sdpa_output (released, G1), value (G2), key (G3), query (G4), "
     "dense_output (after o_proj, G5)",
     "gate_shared_across_heads": "one set of gate scores shared by all heads (default: each head its own)",
-    "gate_activation": "the gate's activation",
+    "gate_activation": "the gate's activation: ns_sigmoid is 0.5 + 0.5*sigmoid, identity none at all",
     "gate_combination": "multiplicative: Y * act(XW); additive: Y + act(XW)",
+    "gate_input": "hidden_states: scores projected from the layer's input; none: learned scores, the same for "
+    "every token (input-independent)",
+    "attn_output_transform": "parameter-free SiLU or RMSNorm on each head's SDPA output, with or without a gate "
+    "(--gate none: the paper's rows without a gate)",
+    "sandwich_norm": "RMSNorm on the attention and MLP outputs before each residual add (with or without a gate)",
 }
 CONVERSION_GATES = ("headwise", "elementwise")  # the gates the converter adds to a stock Qwen3
 CHECKPOINT_CONVERSION_GATES = (*CONVERSION_GATES, "keep")  # keep: re-save a gated checkpoint's own gate
@@ -60,6 +83,7 @@ def model_label(model: str, subfolder: str, taken: set[str]) -> str:
 
 __all__ = [
     "ATTENTION_IMPLEMENTATIONS",
+    "ATTN_OUTPUT_TRANSFORMS",
     "CHECKPOINT_CONVERSION_GATES",
     "CONVERSION_GATES",
     "CONVERSION_INITS",
@@ -67,9 +91,12 @@ __all__ = [
     "DTYPES",
     "GATE_ACTIVATIONS",
     "GATE_COMBINATIONS",
+    "GATE_INPUTS",
     "GATE_POSITIONS",
     "GATE_TYPES",
+    "GATE_VARIANT_CHOICES",
     "GATE_VARIANT_DEFAULTS",
     "GATE_VARIANT_HELP",
+    "UNGATED_VARIANT_KEYS",
     "model_label",
 ]

@@ -47,7 +47,36 @@ VARIANTS = {
         "gate_activation": "silu",
         "gate_combination": "additive",
     },
+    # the paper's mechanism rows (Tables 3 and 4)
+    "G1 additive identity": {
+        "gate_type": "elementwise",
+        "gate_activation": "identity",
+        "gate_combination": "additive",
+    },
+    "G1 NS-sigmoid": {"gate_type": "elementwise", "gate_activation": "ns_sigmoid"},
+    "G1 input-independent": {"gate_type": "elementwise", "gate_input": "none"},
+    "G2 headwise input-independent": {"gate_type": "headwise", "gate_position": "value", "gate_input": "none"},
+    "G1 headwise bilinear": {"gate_type": "headwise", "gate_activation": "identity"},
 }
+# The rows that change the attention or the layer with or without a gate (Table 3 rows 5-6, Table 2 row 7).
+UNGATED_ROWS = {
+    "SDPA SiLU": {"attn_output_transform": "silu"},
+    "SDPA RMSNorm": {"attn_output_transform": "rmsnorm"},
+    "sandwich norm": {"sandwich_norm": True},
+    "G1 headwise, SDPA RMSNorm, sandwich norm": {
+        "gate_type": "headwise",
+        "attn_output_transform": "rmsnorm",
+        "sandwich_norm": True,
+    },
+}
+ROWS = {**VARIANTS, **UNGATED_ROWS}
+
+
+def gate_parameter(attention) -> torch.Tensor:
+    """The gate's trainable tensor: g_proj's weight, an input-independent gate's scores, or q_proj's weight."""
+    if hasattr(attention, "gate_logits"):
+        return attention.gate_logits
+    return getattr(attention, "g_proj", attention.q_proj).weight
 
 
 def build(variant: dict, seed: int = 0, **overrides) -> Qwen3GatedForCausalLM:
@@ -55,8 +84,7 @@ def build(variant: dict, seed: int = 0, **overrides) -> Qwen3GatedForCausalLM:
     model = Qwen3GatedForCausalLM(Qwen3GatedConfig(**SIZES, **variant, **overrides)).eval()
     with torch.no_grad():  # gates far from their initial 0.5, so that a gate in the wrong place shows
         for attention in (layer.self_attn for layer in model.model.layers):
-            projection = getattr(attention, "g_proj", attention.q_proj)
-            projection.weight.normal_(0, 0.5)
+            gate_parameter(attention).normal_(0, 0.5)
     return model
 
 
@@ -68,12 +96,20 @@ def reference_attention(attention, config, hidden, cos, sin):
     """The gated attention written out from the definition, for a gate with its own projection."""
     B, T, _ = hidden.shape
     H, K, D = config.num_attention_heads, config.num_key_value_heads, config.head_dim
-    act = torch.sigmoid if config.gate_activation == "sigmoid" else F.silu
+    act = {
+        "sigmoid": torch.sigmoid,
+        "silu": F.silu,
+        "ns_sigmoid": lambda logits: 0.5 + 0.5 * torch.sigmoid(logits),
+        "identity": lambda logits: logits,
+    }[config.gate_activation]
 
     def combine(states, gate):
         return states * gate if config.gate_combination == "multiplicative" else states + gate
 
-    gate = act(attention.g_proj(hidden))  # (B, T, scores)
+    if config.gate_input == "none":  # the same scores at every token
+        gate = act(attention.gate_logits.flatten().expand(B, T, -1))
+    else:
+        gate = act(attention.g_proj(hidden))  # (B, T, scores)
     position = config.gate_position
     query = attention.q_norm(attention.q_proj(hidden).view(B, T, H, D))
     key = attention.k_norm(attention.k_proj(hidden).view(B, T, K, D))
@@ -118,15 +154,15 @@ def test_each_gate_acts_where_its_config_says(name):
     torch.testing.assert_close(found, expected, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("name", list(VARIANTS))
+@pytest.mark.parametrize("name", list(ROWS))
 def test_every_variant_saves_reloads_and_generates_exactly(name, tmp_path):
-    model = build(VARIANTS[name])
+    model = build(ROWS[name])
     ids = input_ids()
     with torch.no_grad():
         logits = model(ids).logits
     model.save_pretrained(tmp_path)
     saved = json.loads((tmp_path / "config.json").read_text())
-    for key, value in VARIANTS[name].items():
+    for key, value in ROWS[name].items():
         assert saved[key] == value
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
     assert type(reloaded) is Qwen3GatedForCausalLM
@@ -146,7 +182,7 @@ def test_every_variant_trains_its_gate(name):
     ids = input_ids()
     model(ids, labels=ids).loss.backward()
     for attention in (layer.self_attn for layer in model.model.layers):
-        gradient = getattr(attention, "g_proj", attention.q_proj).weight.grad
+        gradient = gate_parameter(attention).grad
         assert gradient is not None and gradient.abs().sum() > 0
 
 
@@ -161,6 +197,91 @@ def test_parameters_added_are_those_of_the_gate():
     assert added["G2 elementwise"] == added["G3 elementwise"] == layers * hidden * K * D
     assert added["G5 elementwise"] == layers * hidden * hidden
     assert added["G1 shared elementwise"] == layers * hidden * D and added["G1 shared headwise"] == layers * hidden
+    # input-independent: one score per head and channel, no projection of the input
+    assert added["G1 input-independent"] == layers * H * D and added["G2 headwise input-independent"] == layers * K
+    assert added["G1 NS-sigmoid"] == added["G1 additive identity"] == layers * hidden * H * D
+    extra = {name: sum(p.numel() for p in build(row).parameters()) - baseline for name, row in UNGATED_ROWS.items()}
+    assert extra["SDPA SiLU"] == 0 and extra["SDPA RMSNorm"] == layers * D
+    assert extra["sandwich norm"] == layers * 2 * hidden
+
+
+def test_an_input_independent_gate_starts_at_zero_scores_and_ignores_the_input():
+    model = Qwen3GatedForCausalLM(Qwen3GatedConfig(**SIZES, **VARIANTS["G1 input-independent"])).eval()
+    attention = model.model.layers[0].self_attn
+    assert attention.gate_logits.shape == (4, 8) and not attention.gate_logits.any()  # (heads, head_dim), zero
+    assert not hasattr(attention, "g_proj")
+    seen = []
+    attention.gate_override = lambda gate: seen.append(gate) or gate
+    try:
+        with torch.no_grad():
+            model(input_ids())
+    finally:
+        attention.gate_override = None
+    assert seen[0].shape == (2, 9, 4, 8) and torch.equal(seen[0], torch.full_like(seen[0], 0.5))
+
+
+def test_ns_sigmoid_scores_lie_between_a_half_and_one():
+    model = build(VARIANTS["G1 NS-sigmoid"])
+    seen = []
+    attention = model.model.layers[0].self_attn
+    attention.gate_override = lambda gate: seen.append(gate) or gate
+    try:
+        with torch.no_grad():
+            model(input_ids())
+    finally:
+        attention.gate_override = None
+    assert seen[0].min() >= 0.5 and seen[0].max() <= 1 and seen[0].std() > 0.01
+
+
+def _attention_inputs(model, length=7):
+    hidden = torch.randn(2, length, SIZES["hidden_size"], generator=torch.Generator().manual_seed(1))
+    position_ids = torch.arange(length)[None].expand(2, -1)
+    causal = torch.ones(length, length, dtype=torch.bool).triu(1)
+    mask = torch.zeros(length, length).masked_fill(causal, float("-inf"))[None, None].expand(2, 1, -1, -1)
+    return hidden, model.model.rotary_emb(hidden, position_ids), mask
+
+
+@pytest.mark.parametrize("transform", ["silu", "rmsnorm"])
+def test_the_sdpa_output_transform_acts_on_each_head_before_o_proj(transform):
+    model = build({"attn_output_transform": transform}, attn_implementation="eager")
+    plain = build({}, attn_implementation="eager")
+    attention, reference = model.model.layers[0].self_attn, plain.model.layers[0].self_attn
+    reference.load_state_dict(attention.state_dict(), strict=False)  # the same projections
+    if transform == "rmsnorm":
+        with torch.no_grad():
+            attention.attn_output_transform.weight.normal_(1, 0.5)
+
+    def by_definition(states):  # (B, T, H*D): each head's D channels
+        heads = states.unflatten(-1, (4, 8))
+        if transform == "silu":
+            return F.silu(heads).flatten(-2)
+        variance = heads.pow(2).mean(-1, keepdim=True)
+        normed = heads * torch.rsqrt(variance + model.config.rms_norm_eps)
+        return (attention.attn_output_transform.weight * normed).flatten(-2)
+
+    reference.o_proj.register_forward_pre_hook(lambda module, args: (by_definition(args[0]),))
+    hidden, position_embeddings, mask = _attention_inputs(model)
+    with torch.no_grad():
+        found, _ = attention(hidden, position_embeddings, mask)
+        expected, _ = reference(hidden, position_embeddings, mask)
+    torch.testing.assert_close(found, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_the_sandwich_norm_normalises_each_block_output_before_the_residual_add():
+    model = build(UNGATED_ROWS["sandwich norm"], attn_implementation="eager")
+    layer = model.model.layers[0]
+    with torch.no_grad():
+        for norm in (layer.attn_output_layernorm, layer.mlp_output_layernorm):
+            norm.weight.normal_(1, 0.5)
+    hidden, position_embeddings, mask = _attention_inputs(model)
+    with torch.no_grad():
+        found = layer(hidden, attention_mask=mask, position_embeddings=position_embeddings)
+        attended, _ = layer.self_attn(layer.input_layernorm(hidden), position_embeddings, mask)
+        middle = hidden + layer.attn_output_layernorm(attended)
+        expected = middle + layer.mlp_output_layernorm(layer.mlp(layer.post_attention_layernorm(middle)))
+    torch.testing.assert_close(found, expected, atol=1e-6, rtol=1e-6)
+    plain = Qwen3GatedForCausalLM(Qwen3GatedConfig(**SIZES))
+    assert not hasattr(plain.model.layers[0], "attn_output_layernorm")  # off: transformers' layer, unchanged
 
 
 def test_a_shared_gate_gives_every_head_the_same_scores():
@@ -186,6 +307,10 @@ def test_a_shared_gate_gives_every_head_the_same_scores():
         ({"gate_type": "elementwise", "gate_combination": "gated"}, "unknown gate_combination 'gated'"),
         ({"gate_type": "per-channel"}, "unknown gate_type 'per-channel'"),
         ({"gate_position": "value"}, "gate_type is 'none'"),
+        ({"gate_input": "none"}, "gate_input='none' describe a gate, but gate_type is 'none'"),
+        ({"gate_type": "headwise", "gate_input": "x"}, "unknown gate_input 'x'; expected one of hidden_states, none"),
+        ({"attn_output_transform": "gelu"}, "unknown attn_output_transform 'gelu'; expected one of none, silu"),
+        ({"sandwich_norm": "yes"}, "sandwich_norm must be true or false"),
     ],
 )
 def test_a_gate_without_meaning_is_refused_in_one_line(keys, named):
@@ -231,12 +356,17 @@ def test_auto_config_builds_every_key():
     assert (config.gate_position, config.gate_activation, config.gate_combination) == ("key", "silu", "additive")
 
 
-@pytest.mark.parametrize("name", ["G2 headwise", "G5 elementwise", "G1 additive silu"])
+@pytest.mark.parametrize(
+    "name",
+    ["G2 headwise", "G5 elementwise", "G1 additive silu", "G1 input-independent", "SDPA RMSNorm", "sandwich norm"],
+)
 def test_the_moe_takes_every_variant(name, tmp_path):
-    config = Qwen3MoeGatedConfig(**{**tiny_moe_config_dict(), **VARIANTS[name]})
+    config = Qwen3MoeGatedConfig(**{**tiny_moe_config_dict(), **ROWS[name]})
     torch.manual_seed(0)
     model = Qwen3MoeGatedForCausalLM(config).eval()
-    assert hasattr(model.model.layers[0].self_attn, "g_proj") is not config.gate_in_q_proj
+    own_gate = config.gate_type != "none" and not config.gate_in_q_proj
+    assert hasattr(model.model.layers[0].self_attn, "g_proj") is (own_gate and config.gate_input == "hidden_states")
+    assert hasattr(model.model.layers[0], "mlp_output_layernorm") is config.sandwich_norm
     ids = input_ids()
     with torch.no_grad():
         logits = model(ids).logits

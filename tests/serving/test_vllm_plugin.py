@@ -233,3 +233,8 @@ def test_a_gate_other_than_the_released_one_is_refused_in_the_front_end(tmp_path
             )
         )
     assert "\n" not in str(error.value)
+    # the paper's rows beyond the gate, without a gate too: vLLM's Qwen3 would serve them without the change
+    for keys, said in (({"sandwich_norm": True}, "not this no gate, sandwich norm"),
+                       ({"gate_type": "headwise", "gate_input": "none"}, "input-independent")):  # fmt: skip
+        with pytest.raises(CheckpointError, match=said):
+            check_served_checkpoint(front_end(Qwen3GatedConfig(**sizes, **keys)))

@@ -445,6 +445,25 @@ def test_recorded_gates_of_every_variant_are_its_activation_of_g_proj(variant, h
     assert summary["layers"][1]["below_0.5"] == pytest.approx((expected < 0.5).float().mean().item())
 
 
+def test_an_input_independent_gate_is_recorded_as_the_same_scores_at_every_token():
+    from gated_qwen import Qwen3GatedConfig
+
+    config = Qwen3GatedConfig(
+        vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, gate_type="headwise", gate_input="none",
+    )  # fmt: skip
+    model = Qwen3GatedForCausalLM(config).eval()
+    with torch.no_grad():
+        model.model.layers[1].self_attn.gate_logits.copy_(torch.tensor([[-1.0], [0.0], [1.0], [2.0]]))
+    inputs = ids()
+    with record_gates(model) as record:
+        with torch.no_grad():
+            model(inputs)
+    expected = torch.sigmoid(torch.tensor([-1.0, 0.0, 1.0, 2.0])).view(1, 4, 1).expand(inputs.numel(), 4, 1)
+    torch.testing.assert_close(record.gates(1), expected)
+    assert summarize_gates(record)["layers"][1]["below_0.5"] == pytest.approx(0.25)
+
+
 def test_overriding_a_value_gate_changes_the_model_as_zero_values_would():
     model = variant_model(gate_type="headwise", gate_position="value")
     inputs = ids()

@@ -107,6 +107,29 @@ def test_gate_variant_reaches_the_config(tmp_path):
     assert (config.gate_type, config.gate_position) == ("headwise", "key")
 
 
+def test_the_paper_rows_reach_the_config_with_or_without_a_gate():
+    from gated_qwen.errors import GatedQwenError
+    from gated_qwen.tools.training import model_init
+
+    assert {"gate_input", "attn_output_transform", "sandwich_norm"} <= set(RUN_DATA_KEYS)
+    args = parse(
+        "--train-file", "t", "--out", "o", "--max-steps", "1", "--gate", "none", "--attn-output-transform", "rmsnorm",
+        "--sandwich-norm",
+    )  # fmt: skip
+    model_init.check_arguments(args)
+    config = model_init._make_config(args, model_init._config_values(args))
+    assert (config.gate_type, config.attn_output_transform, config.sandwich_norm) == ("none", "rmsnorm", True)
+    args = parse(
+        "--train-file", "t", "--out", "o", "--max-steps", "1", "--gate", "elementwise", "--gate-input", "none",
+        "--gate-activation", "ns_sigmoid",
+    )  # fmt: skip
+    config = model_init._make_config(args, model_init._config_values(args))
+    assert (config.gate_type, config.gate_input, config.gate_activation) == ("elementwise", "none", "ns_sigmoid")
+    args = parse("--train-file", "t", "--out", "o", "--max-steps", "1", "--gate", "none", "--gate-input", "none")
+    with pytest.raises(GatedQwenError, match="gate_input='none' describe a gate, but gate_type is 'none'"):
+        model_init._make_config(args, model_init._config_values(args))
+
+
 def test_gate_variant_needs_gate():
     from gated_qwen.tools.training import TrainingError
     from gated_qwen.tools.training.model_init import check_arguments

@@ -743,6 +743,10 @@ IDENTITY_VARIANTS = {
     "G4 headwise": {"gate": "headwise", "gate_position": "query"},
     "G5 elementwise": {"gate": "elementwise", "gate_position": "dense_output"},
     "G1 additive SiLU": {"gate": "elementwise", "gate_activation": "silu", "gate_combination": "additive"},
+    # the paper's mechanism rows that have an identity: zero logits add nothing, or give 0.5 and a doubled tensor
+    "G1 additive identity": {"gate": "elementwise", "gate_activation": "identity", "gate_combination": "additive"},
+    "G1 input-independent": {"gate": "elementwise", "gate_input": "none"},
+    "G2 headwise input-independent": {"gate": "headwise", "gate_position": "value", "gate_input": "none"},
 }
 
 
@@ -788,13 +792,19 @@ def test_identity_conversion_is_exact_for_every_variant_that_has_one(name, stock
     [
         ({"gate_activation": "silu"}, "multiplies by 0"),
         ({"gate_combination": "additive"}, "adds 0.5"),
+        ({"gate_activation": "identity"}, "multiplies by 0"),  # bilinear
+        ({"gate_activation": "ns_sigmoid"}, r"multiplies by 0\.75 \(undoing it multiplies by 1\.333, which rounds\)"),
+        ({"gate_activation": "ns_sigmoid", "gate_input": "none"}, "multiplies by 0.75"),
+        ({"attn_output_transform": "silu"}, "silu on the SDPA output: it changes the outputs whatever its weights"),
+        ({"attn_output_transform": "rmsnorm"}, "rmsnorm on the SDPA output"),
+        ({"sandwich_norm": True}, "a sandwich norm: it changes the outputs whatever its weights"),
     ],
 )
 def test_identity_is_refused_where_none_exists_and_random_remains(variant, said, tmp_path):
     from gated_qwen.transforms.conversion import convert_checkpoint, convert_qwen3_to_gated
 
     stock = _stock_qwen3()
-    with pytest.raises(GatedQwenError, match=f"--init identity has no exact form .*{said}; use --init random"):
+    with pytest.raises(GatedQwenError, match=f"--init identity has no exact form .*{said}.*; use --init random"):
         convert_qwen3_to_gated(stock, gate="elementwise", **variant)
     stock.save_pretrained(tmp_path / "stock")
     with pytest.raises(GatedQwenError, match=said):
@@ -802,6 +812,31 @@ def test_identity_is_refused_where_none_exists_and_random_remains(variant, said,
     assert not (tmp_path / "gated").exists()
     assert (
         convert_qwen3_to_gated(stock, gate="elementwise", init="random", **variant).config.gate_type == "elementwise"
+    )
+
+
+def test_random_init_adds_the_tensors_of_the_new_rows_on_disk(tmp_path):
+    from safetensors.torch import load_file
+
+    from gated_qwen import Qwen3GatedForCausalLM
+    from gated_qwen.transforms.conversion import convert_checkpoint
+
+    _stock_qwen3().save_pretrained(tmp_path / "stock")
+    variant = {"gate_input": "none", "attn_output_transform": "rmsnorm", "sandwich_norm": True}
+    convert_checkpoint(
+        tmp_path / "stock", tmp_path / "gated", gate="headwise", init="random", progress=False, **variant
+    )
+    tensors = load_file(tmp_path / "gated" / "model.safetensors")
+    layer = "model.layers.1."
+    assert (
+        tensors[layer + "self_attn.gate_logits"].shape == (4, 1) and tensors[layer + "self_attn.gate_logits"].std() > 0
+    )
+    assert torch.equal(tensors[layer + "self_attn.attn_output_transform.weight"], torch.ones(8))
+    assert torch.equal(tensors[layer + "attn_output_layernorm.weight"], torch.ones(32))
+    assert torch.equal(tensors[layer + "mlp_output_layernorm.weight"], torch.ones(32))
+    model = Qwen3GatedForCausalLM.from_pretrained(tmp_path / "gated")  # the strict loader takes them
+    assert model.config.sandwich_norm and torch.equal(
+        model.model.layers[1].self_attn.gate_logits, tensors[layer + "self_attn.gate_logits"]
     )
 
 
@@ -818,3 +853,12 @@ def test_convert_cli_takes_the_variant_flags_and_refuses_a_gate_without_meaning(
     error = capsys.readouterr().err
     assert code != 0 and "no heads" in error and "Traceback" not in error
     assert not (tmp_path / "g5").exists()
+    code = main(["convert", str(tmp_path / "stock"), str(tmp_path / "ns"), "--gate", "headwise",
+                 "--gate-activation", "ns_sigmoid"])  # fmt: skip
+    error = capsys.readouterr().err
+    assert code != 0 and "which rounds); use --init random" in error and error.count("\n") == 1
+    assert not (tmp_path / "ns").exists()
+    code = main(["convert", str(tmp_path / "stock"), str(tmp_path / "ii"), "--gate", "headwise", "--gate-input", "none",
+                 "--verify", "--quiet"])  # fmt: skip
+    assert code == 0 and "largest logit difference from" in capsys.readouterr().out
+    assert json.loads((tmp_path / "ii" / "config.json").read_text())["gate_input"] == "none"

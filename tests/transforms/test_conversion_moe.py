@@ -90,6 +90,23 @@ def test_a_loaded_moe_converts_in_memory_sharing_its_experts(stock_moe):
     assert torch.equal(out.logits, reference.logits) and torch.equal(out.router_logits[1], reference.router_logits[1])
 
 
+@pytest.mark.parametrize(
+    "variant",
+    [{"gate_input": "none"}, {"gate_activation": "identity", "gate_combination": "additive"}],
+    ids=["input-independent", "additive-identity"],
+)
+def test_the_paper_rows_with_an_identity_convert_a_moe_bit_for_bit(stock_moe, tmp_path, variant):
+    result = convert_checkpoint(
+        stock_moe, tmp_path / "gated", gate="elementwise", verify=True, progress=False, **variant
+    )
+    assert result.max_difference == 0.0
+    gated = Qwen3MoeGatedForCausalLM.from_pretrained(tmp_path / "gated")
+    assert all(getattr(gated.config, key) == value for key, value in variant.items())
+    with pytest.raises(GatedQwenError, match="sandwich norm"):
+        convert_checkpoint(stock_moe, tmp_path / "sandwich", gate="headwise", sandwich_norm=True, progress=False)
+    assert not (tmp_path / "sandwich").exists()
+
+
 def test_a_moe_classifier_converts_in_memory():
     torch.manual_seed(0)
     config = Qwen3MoeConfig(

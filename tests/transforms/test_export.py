@@ -492,6 +492,9 @@ def test_hub_source_downloads_config_weights_and_tokenizer_but_no_code(tmp_path,
         {"gate_type": "headwise", "gate_position": "value"},
         {"gate_type": "elementwise", "gate_shared_across_heads": True},
         {"gate_type": "elementwise", "gate_activation": "silu", "gate_combination": "additive"},
+        {"gate_type": "headwise", "gate_activation": "ns_sigmoid"},
+        {"gate_type": "headwise", "sandwich_norm": True},
+        {"gate_type": "elementwise", "attn_output_transform": "rmsnorm"},
     ],
 )
 def test_a_gate_qwen3_5_does_not_have_is_refused_with_nothing_written(tmp_path, capsys, variant):

@@ -9,7 +9,7 @@ from transformers import Qwen3Config
 from transformers.utils import logging
 
 from ...errors import CheckpointError
-from ...utils.names import GATE_ACTIVATIONS, GATE_COMBINATIONS, GATE_POSITIONS, GATE_TYPES, GATE_VARIANT_DEFAULTS
+from ...utils.names import GATE_TYPES, GATE_VARIANT_CHOICES, GATE_VARIANT_DEFAULTS, UNGATED_VARIANT_KEYS
 
 
 logger = logging.get_logger(__name__)
@@ -42,6 +42,10 @@ class GatedAttentionConfigMixin:
     gate_shared_across_heads: bool = False
     gate_activation: str = "sigmoid"  # GATE_ACTIVATIONS
     gate_combination: str = "multiplicative"  # GATE_COMBINATIONS
+    gate_input: str = "hidden_states"  # GATE_INPUTS; "none": learned scores, the same for every token
+    # Beside the gate or without one (the paper's Table 3 rows 5-6, Table 2 row 7).
+    attn_output_transform: str = "none"  # ATTN_OUTPUT_TRANSFORMS, on each head's SDPA output
+    sandwich_norm: bool = False  # RMSNorm on the attention and MLP outputs before the residual adds
     use_qk_norm: bool = True
     qkv_bias: bool | None = None
     head_dim: int | None = None
@@ -83,14 +87,27 @@ class GatedAttentionConfigMixin:
     @property
     def gate_in_q_proj(self) -> bool:
         """Whether the gate logits are rows of q_proj (the released layout): a head-specific gate at the SDPA
-        output, whatever its activation and combination. Every other gate has a projection of its own, g_proj."""
-        return self.gate_type != "none" and self.gate_position == "sdpa_output" and not self.gate_shared_across_heads
+        output computed from the layer's input, whatever its activation and combination. Every other gate has a
+        projection of its own, g_proj, or (``gate_input "none"``) learned scores of its own, gate_logits."""
+        return (
+            self.gate_type != "none"
+            and self.gate_position == "sdpa_output"
+            and not self.gate_shared_across_heads
+            and self.gate_input == "hidden_states"
+        )
+
+    @property
+    def is_released_point(self) -> bool:
+        """Whether every design-space key is the released point's (:data:`GATE_VARIANT_DEFAULTS`), whatever the gate
+        type (none included): what the authors' code, Qwen3.5 and the vLLM plugin compute."""
+        return all(getattr(self, key) == default for key, default in GATE_VARIANT_DEFAULTS.items())
 
     @property
     def is_released_gate(self) -> bool:
-        """Whether the gate is the one the paper released (G1: head-specific, sigmoid, multiplying the SDPA output),
-        the only one the released flags, the authors' code, the Qwen3.5 export and the vLLM plugin describe."""
-        return self.gate_in_q_proj and self.gate_activation == "sigmoid" and self.gate_combination == "multiplicative"
+        """Whether the gate is the one the paper released (G1: head-specific, sigmoid, multiplying the SDPA output,
+        nothing else changed), the only one the released flags, the authors' code, the Qwen3.5 export and the vLLM
+        plugin describe."""
+        return self.gate_type != "none" and self.is_released_point
 
     def gate_variant(self) -> str:
         """The gate in one line, as messages and tables name it.
@@ -98,14 +115,16 @@ class GatedAttentionConfigMixin:
         >>> Qwen3GatedConfig(gate_type="elementwise", gate_position="key", gate_combination="additive").gate_variant()
         'elementwise sigmoid additive gate at key, head-specific'
         """
+        extras = [f"{self.attn_output_transform} on the SDPA output"] if self.attn_output_transform != "none" else []
+        extras += ["sandwich norm"] if self.sandwich_norm else []
         if self.gate_type == "none":
-            return "no gate"
+            return ", ".join(["no gate", *extras])
         sharing = "shared across heads" if self.gate_shared_across_heads else "head-specific"
         if self.gate_position == "dense_output":
             sharing = "per channel"
-        return (
-            f"{self.gate_type} {self.gate_activation} {self.gate_combination} gate at {self.gate_position}, {sharing}"
-        )
+        words = [f"{self.gate_type} {self.gate_activation} {self.gate_combination} gate at {self.gate_position}"]
+        words += [sharing, *(["input-independent"] if self.gate_input == "none" else []), *extras]
+        return ", ".join(words)
 
     def validate_architecture(self):
         """Part of `@strict` validation: the gate keys and head counts must describe one model."""
@@ -354,7 +373,9 @@ def check_gate_variant(values: dict) -> None:
 
     ``values`` holds ``gate_type`` and the keys of :data:`GATE_VARIANT_DEFAULTS` (absent ones take the default).
     The output of o_proj (``dense_output``, G5) has no heads: a gate there is elementwise and not shared.
-    A ``gate_type "none"`` model has no gate to place, so it takes only the defaults.
+    A ``gate_type "none"`` model has no gate to place, so it takes the gate's defaults; the SDPA-output transform
+    and the sandwich norm (:data:`UNGATED_VARIANT_KEYS`) apply with or without a gate. Every activation goes
+    with every combination: identity multiplying is a bilinear gate, sigmoid adding a shift (neither a paper row).
 
     >>> check_gate_variant({"gate_type": "headwise", "gate_position": "dense_output"})
     Traceback (most recent call last):
@@ -362,19 +383,19 @@ def check_gate_variant(values: dict) -> None:
     ValueError: gate_type 'headwise' at gate_position 'dense_output': the output of o_proj has no heads; use gate_type 'elementwise' there
     """
     values = {**GATE_VARIANT_DEFAULTS, **{key: value for key, value in values.items() if value is not None}}
-    for key, allowed in (
-        ("gate_type", GATE_TYPES),
-        ("gate_position", GATE_POSITIONS),
-        ("gate_activation", GATE_ACTIVATIONS),
-        ("gate_combination", GATE_COMBINATIONS),
-    ):
+    for key, allowed in (("gate_type", GATE_TYPES), *GATE_VARIANT_CHOICES.items()):
         if key in values and values[key] not in allowed:
             raise ValueError(f"unknown {key} {values[key]!r}; expected one of {', '.join(allowed)}")
-    if not isinstance(values["gate_shared_across_heads"], bool):
-        raise ValueError(f"gate_shared_across_heads must be true or false, not {values['gate_shared_across_heads']!r}")
+    for key in ("gate_shared_across_heads", "sandwich_norm"):
+        if not isinstance(values[key], bool):
+            raise ValueError(f"{key} must be true or false, not {values[key]!r}")
     gate_type = values.get("gate_type", "none")
     if gate_type == "none":
-        changed = [key for key, default in GATE_VARIANT_DEFAULTS.items() if values[key] != default]
+        changed = [
+            key
+            for key, default in GATE_VARIANT_DEFAULTS.items()
+            if values[key] != default and key not in UNGATED_VARIANT_KEYS
+        ]
         if changed:
             raise ValueError(
                 f"{', '.join(f'{key}={values[key]!r}' for key in changed)} describe a gate, but gate_type is 'none'; "

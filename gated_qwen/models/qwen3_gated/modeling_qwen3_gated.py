@@ -15,6 +15,7 @@ import torch
 import transformers
 from packaging import version
 from torch import nn
+from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache
 from transformers.integrations import use_kernelized_func
@@ -55,6 +56,18 @@ accept_past_key_values = deprecate_kwarg(
 )
 
 
+class NonSparseSigmoid(nn.Module):
+    """``0.5 + 0.5 * sigmoid(x)``: gate scores in [0.5, 1], never near zero (the paper's NS-sigmoid, Table 4 row 7)."""
+
+    def forward(self, logits: torch.Tensor) -> torch.Tensor:
+        return 0.5 + 0.5 * torch.sigmoid(logits)
+
+
+def gate_activation(name: str) -> nn.Module:
+    """The gate's activation as a module (analysis hooks its output to record the gate scores)."""
+    return {"ns_sigmoid": NonSparseSigmoid, "identity": nn.Identity}.get(name, lambda: ACT2FN[name])()
+
+
 @use_kernelized_func(apply_rotary_pos_emb)  # as Qwen3Attention: hub kernels (use_kernels) may swap in a RoPE kernel
 class Qwen3GatedAttention(Qwen3Attention):
     """Qwen3 attention with a gate computed from the layer's input; QK-norm optional, as in the release.
@@ -88,11 +101,20 @@ class Qwen3GatedAttention(Qwen3Attention):
             ),
             bias=config.attention_bias,  # the config keeps it equal to qkv_bias
         )
+        self.gate_input = config.gate_input
         if self.gate_position is not None:
-            self.gate_act_fn = ACT2FN[config.gate_activation]  # an nn.Module: analysis hooks it to record the gate
+            self.gate_act_fn = gate_activation(config.gate_activation)
         if self.gate_position is not None and not config.gate_in_q_proj:
             heads, width = gate_heads_and_width(config)
-            self.g_proj = nn.Linear(config.hidden_size, heads * width, bias=False)
+            if config.gate_input == "none":  # the same scores for every token; zero: sigmoid 0.5 (_init_weights)
+                self.gate_logits = nn.Parameter(torch.zeros(heads, width))
+            else:
+                self.g_proj = nn.Linear(config.hidden_size, heads * width, bias=False)
+        # On each head's SDPA output, before any gate there (the order of Qwen3-Next's gated RMSNorm).
+        if config.attn_output_transform == "silu":
+            self.attn_output_transform = nn.SiLU()
+        elif config.attn_output_transform == "rmsnorm":
+            self.attn_output_transform = Qwen3RMSNorm(self.head_dim, eps=config.rms_norm_eps)  # over head_dim
         if not config.use_qk_norm:
             self.q_norm = nn.Identity()
             self.k_norm = nn.Identity()
@@ -109,6 +131,8 @@ class Qwen3GatedAttention(Qwen3Attention):
         """``states`` (B, T, n, D) gated by g_proj's scores when the gate sits at ``position``, else as they are."""
         if self.gate_position != position or self.gate_dim:
             return states
+        if self.gate_input == "none":  # (n or 1, D or 1), the same at every token
+            return self.apply_gate(states, self.gate_logits.expand(*states.shape[:2], -1, -1))
         width = states.shape[-1] if self.gate_type == "elementwise" else 1
         gate_logits = self.g_proj(hidden_states).view(*states.shape[:2], -1, width)  # (B, T, n or 1, D or 1)
         return self.apply_gate(states, gate_logits)
@@ -164,6 +188,8 @@ class Qwen3GatedAttention(Qwen3Attention):
 
         # Per head whatever layout the interface returned.
         attn_output = attn_output.reshape(*input_shape, -1, self.head_dim)  # (B, T, H, D)
+        if hasattr(self, "attn_output_transform"):
+            attn_output = self.attn_output_transform(attn_output)
         if self.gate_dim:
             attn_output = self.apply_gate(attn_output, gate_logits.reshape(*input_shape, -1, self.gate_dim))
         attn_output = self._own_gate(hidden_states, "sdpa_output", attn_output)
@@ -172,15 +198,47 @@ class Qwen3GatedAttention(Qwen3Attention):
         return attn_output, attn_weights
 
 
-class Qwen3GatedDecoderLayer(Qwen3DecoderLayer):
+class SandwichNormMixin:
+    """A decoder layer that, with ``sandwich_norm``, normalises the attention's and the MLP's outputs before each
+    residual add (the paper's Table 2 row 7). Without it the layer is transformers' own, forward included."""
+
+    def add_sandwich_norms(self, config) -> None:
+        self.sandwich_norm = config.sandwich_norm
+        if self.sandwich_norm:
+            self.attn_output_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+            self.mlp_output_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(self, hidden_states: torch.Tensor, **kwargs) -> torch.Tensor:
+        if not self.sandwich_norm:
+            return super().forward(hidden_states, **kwargs)
+        # transformers' layer forward, each block's output normalised; the model passes everything by keyword
+        # (position_embeddings, attention_mask, the cache under its name of the installed version).
+        residual = hidden_states
+        attention_output, _ = self.self_attn(hidden_states=self.input_layernorm(hidden_states), **kwargs)
+        hidden_states = residual + self.attn_output_layernorm(attention_output)
+        mlp_output = self.mlp(self.post_attention_layernorm(hidden_states))
+        return hidden_states + self.mlp_output_layernorm(mlp_output)
+
+
+class Qwen3GatedDecoderLayer(SandwichNormMixin, Qwen3DecoderLayer):
     def __init__(self, config: Qwen3GatedConfig, layer_idx: int):
         # Qwen3's layer with the gated attention in place of its own (the one it builds is dropped at once;
         # post_init initialises the modules that remain).
         super().__init__(config, layer_idx)
         self.self_attn = Qwen3GatedAttention(config=config, layer_idx=layer_idx)
+        self.add_sandwich_norms(config)
 
 
-class Qwen3GatedPreTrainedModel(GatedQProjTensorParallelMixin, Qwen3PreTrainedModel):
+class GatedAttentionInitMixin:
+    """Initialises the one parameter transformers does not know: an input-independent gate's scores, at zero."""
+
+    def _init_weights(self, module):
+        super()._init_weights(module)
+        if isinstance(module, Qwen3GatedAttention) and hasattr(module, "gate_logits"):
+            init.zeros_(module.gate_logits)
+
+
+class Qwen3GatedPreTrainedModel(GatedAttentionInitMixin, GatedQProjTensorParallelMixin, Qwen3PreTrainedModel):
     config: Qwen3GatedConfig
     _no_split_modules = ["Qwen3GatedDecoderLayer"]
     _can_record_outputs = {

@@ -24,7 +24,7 @@ from transformers.models.qwen3_moe.modeling_qwen3_moe import (
 )
 from transformers.utils.output_capturing import OutputRecorder
 
-from ..qwen3_gated.modeling_qwen3_gated import Qwen3GatedAttention
+from ..qwen3_gated.modeling_qwen3_gated import GatedAttentionInitMixin, Qwen3GatedAttention, SandwichNormMixin
 from ..tensor_parallel import GatedQProjTensorParallelMixin
 from .configuration_qwen3_moe_gated import Qwen3MoeGatedConfig
 
@@ -39,14 +39,15 @@ class Qwen3MoeGatedAttention(Qwen3GatedAttention):
         self.sliding_window = getattr(config, "sliding_window", None)
 
 
-class Qwen3MoeGatedDecoderLayer(Qwen3MoeDecoderLayer):
+class Qwen3MoeGatedDecoderLayer(SandwichNormMixin, Qwen3MoeDecoderLayer):
     def __init__(self, config: Qwen3MoeGatedConfig, layer_idx: int):
         # Qwen3-MoE's layer (experts or dense MLP by its own rule) with the gated attention in place of its own.
         super().__init__(config, layer_idx)
         self.self_attn = Qwen3MoeGatedAttention(config=config, layer_idx=layer_idx)
+        self.add_sandwich_norms(config)
 
 
-class Qwen3MoeGatedPreTrainedModel(GatedQProjTensorParallelMixin, Qwen3MoePreTrainedModel):
+class Qwen3MoeGatedPreTrainedModel(GatedAttentionInitMixin, GatedQProjTensorParallelMixin, Qwen3MoePreTrainedModel):
     config: Qwen3MoeGatedConfig
     _no_split_modules = ["Qwen3MoeGatedDecoderLayer"]
     # transformers decides whether a model may choose its experts implementation (eager, grouped_mm, ...) by

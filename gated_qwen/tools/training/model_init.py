@@ -102,8 +102,8 @@ def check_arguments(args: TrainRunArguments) -> None:
         )
     if args.gate is None and gate_variant(args) != GATE_VARIANT_DEFAULTS:
         raise TrainingError(
-            "the gate variant options (--gate-position, --gate-shared-across-heads, --gate-activation, "
-            "--gate-combination) apply to the gate of --gate; give --gate with them"
+            "the gate variant options (--gate-position, --gate-activation, ..., --sandwich-norm) apply to the model "
+            "of --gate; give --gate with them (--gate none: the SDPA-output transform or sandwich norm without a gate)"
         )
     if args.init_from is None:
         for value, flag in ((args.init_from_subfolder, "--subfolder"), (args.init_from_revision, "--revision")):
