@@ -585,9 +585,16 @@ def variant_words(keys: dict) -> list[str]:
 
     >>> variant_words({"gate": "headwise", "gate_position": "value", "gate_shared_across_heads": True})
     ['value', 'head-shared']
+    >>> variant_words({"gate_input": "none", "attn_output_transform": "rmsnorm", "sandwich_norm": True})
+    ['input-independent', 'SDPA rmsnorm', 'sandwich norm']
     """
+    words = {
+        "gate_shared_across_heads": "head-shared",
+        "gate_input": "input-independent",
+        "sandwich_norm": "sandwich norm",
+    }
     return [
-        "head-shared" if key == "gate_shared_across_heads" else str(value)
+        f"SDPA {value}" if key == "attn_output_transform" else words.get(key, str(value))
         for key, value in keys.items()
         if key in GATE_VARIANT_DEFAULTS and value != GATE_VARIANT_DEFAULTS[key]
     ]

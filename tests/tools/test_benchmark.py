@@ -245,6 +245,15 @@ def test_build_arms_gives_the_gated_arms_the_variant_and_the_no_gate_arm_none():
     assert hasattr(arms["headwise"].model.layers[0].self_attn, "g_proj")
 
 
+def test_the_paper_rows_reach_the_gated_arms_and_not_the_no_gate_arm():
+    variant = {"gate_input": "none", "attn_output_transform": "rmsnorm", "sandwich_norm": True}
+    arms = build_arms(BenchmarkOptions(size="tiny", gates=("headwise",), gate_variant=variant))
+    layer, plain = arms["headwise"].model.layers[0], arms["none"].model.layers[0]
+    assert layer.self_attn.gate_logits.shape[-1] == 1 and not hasattr(layer.self_attn, "g_proj")
+    assert hasattr(layer, "mlp_output_layernorm") and hasattr(layer.self_attn, "attn_output_transform")
+    assert not hasattr(plain, "mlp_output_layernorm") and not hasattr(plain.self_attn, "attn_output_transform")
+
+
 def test_the_converter_step_writes_the_variant_it_is_given(tmp_path):
     """The child process converts with the options it is passed (JSON on its command line)."""
     from gated_qwen.tools.benchmark import architecture, stock_model

@@ -666,3 +666,24 @@ def test_a_checkpoint_a_killed_run_did_not_finish_is_not_resumed_from(finished_r
     assert done["final_train_loss"] == summary["final_train_loss"] and done["heldout"] == summary["heldout"]
     assert (copy / "checkpoint-4" / "run_state.json").is_file()
     assert (copy / "final" / "model.safetensors").read_bytes() == (run / "final" / "model.safetensors").read_bytes()
+
+
+@pytest.mark.parametrize(
+    "row",
+    [
+        {"gate": "elementwise", "gate_activation": "identity", "gate_combination": "additive"},
+        {"gate": "elementwise", "gate_activation": "ns_sigmoid"},
+        {"gate": "elementwise", "gate_input": "none"},
+        {"gate": "none", "attn_output_transform": "silu"},
+        {"gate": "none", "attn_output_transform": "rmsnorm"},
+        {"gate": "none", "sandwich_norm": True},
+    ],
+    ids=["additive-identity", "ns-sigmoid", "input-independent", "sdpa-silu", "sdpa-rmsnorm", "sandwich-norm"],
+)
+def test_each_paper_row_trains_and_reloads(corpus, tmp_path, row):
+    summary = train(tiny_args(corpus, tmp_path / "run", max_steps=6, eval_every=6, **row))
+    log = read_log(tmp_path / "run")
+    assert float(log[-1]["heldout_loss"]) < float(log[0]["heldout_loss"]) and summary["tokens"] == 6 * 4 * 32
+    config = Qwen3GatedForCausalLM.from_pretrained(tmp_path / "run" / "final").config
+    assert config.gate_type == row["gate"]
+    assert all(getattr(config, key) == value for key, value in row.items() if key != "gate")
