@@ -170,7 +170,7 @@ def adapt_distributed_config(model, distributed_config):
     if config.gate_type != "none" and not config.gate_in_q_proj:
         raise ValueError(
             f"tensor parallelism shards the released gate layout only (gate rows in q_proj); this model has a "
-            f"{config.gate_variant()} with a projection of its own (g_proj), which has no sharding plan: load it "
+            f"{config.gate_variant()} with a projection or scores of its own (g_proj, gate_logits), which have no sharding plan: load it "
             "without tp_plan/distributed_config"
         )
     plan = dict(model.tp_plan) | (override if isinstance(override, dict) else {})
