@@ -226,6 +226,9 @@ class Qwen3GatedConfig(GatedAttentionConfigMixin, Qwen3Config):
         qkv_bias (`bool`, *optional*): a bias on q_proj, k_proj, v_proj and o_proj. As in the
             released code it, not ``attention_bias``, decides the biases; ``attention_bias`` is set to
             match it. When absent (a stock Qwen3 config), ``attention_bias`` decides.
+        gate_type, gate_position, gate_shared_across_heads, gate_activation, gate_combination, gate_input,
+            attn_output_transform, sandwich_norm: the design space of the paper (docs/design-space.md); the
+            defaults are the released point.
 
     ``auto_map`` of a released config is dropped: it names Python files that this package never
     runs. ``save_pretrained`` writes ``model_type "qwen3_gated"`` and also the released keys

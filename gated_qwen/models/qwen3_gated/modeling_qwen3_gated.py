@@ -208,9 +208,11 @@ class SandwichNormMixin:
             self.attn_output_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
             self.mlp_output_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
-    def forward(self, hidden_states: torch.Tensor, **kwargs) -> torch.Tensor:
+    def forward(self, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         if not self.sandwich_norm:
-            return super().forward(hidden_states, **kwargs)
+            return super().forward(hidden_states, *args, **kwargs)
+        if args:
+            raise TypeError("a sandwich-norm decoder layer takes its arguments after hidden_states by keyword")
         # transformers' layer forward, each block's output normalised; the model passes everything by keyword
         # (position_embeddings, attention_mask, the cache under its name of the installed version).
         residual = hidden_states
