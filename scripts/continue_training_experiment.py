@@ -185,7 +185,7 @@ def spike_measures(log: list[dict], reference: list[dict] | None, steps: int = S
 @torch.no_grad()
 def gate_statistics(model, rows: torch.Tensor, batch_size: int = 16) -> dict | None:
     """Gates (after the sigmoid) at every token, head and layer of ``rows``: mean, share < 0.5, mean |g - 0.5|."""
-    from gated_qwen.tools.analysis import record_gates
+    from gated_qwen.tools.analysis.gates import record_gates
 
     if model.config.gate_type == "none":
         return None

@@ -14,7 +14,7 @@ PARTS = ("models", "loading", "conversion")
 
 def add_parser(subparsers) -> None:
     # The defaults and choices come from the library's torch-free options module, the one place they are defined.
-    from ..tools.benchmark_options import DTYPES, SIZES, BenchmarkOptions
+    from ..tools.benchmark.options import DTYPES, SIZES, BenchmarkOptions
     from ._arguments import add_gate_variant_arguments
 
     defaults = BenchmarkOptions()
@@ -162,7 +162,8 @@ def gate_variant(args) -> dict:
 
 def run(args) -> int:
     from ..checkpoint.outputs import OutputFolder
-    from ..tools.benchmark import BenchmarkOptions, format_markdown, run_benchmark
+    from ..tools.benchmark.measure import BenchmarkOptions, run_benchmark
+    from ..tools.benchmark.report import format_markdown
 
     # Checked before measuring, not after minutes of it. --output-dir may hold other files: only these two
     # are written, both at once (gated_qwen.checkpoint.outputs), and earlier ones replaced only with --overwrite.

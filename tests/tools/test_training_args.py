@@ -10,8 +10,8 @@ import pytest
 
 from gated_qwen.cli import build_parser
 from gated_qwen.cli.train import run_arguments
+from gated_qwen.tools.training.arguments import RUN_DATA_KEYS, TrainingArguments, TrainRunArguments
 from gated_qwen.tools.training.reporting import SPIKE_FACTOR, SPIKE_MIN_HISTORY, SPIKE_WINDOW, LossSpikes
-from gated_qwen.tools.training_args import RUN_DATA_KEYS, TrainingArguments, TrainRunArguments
 
 
 def parse(*argv):
@@ -69,7 +69,7 @@ def test_bounds_are_checked():
 @pytest.mark.parametrize("field", [f.name for f in dataclasses.fields(TrainRunArguments) if "at_least" in f.metadata])
 def test_bounds_are_checked_when_the_arguments_are_made_in_python(field):
     """train(TrainRunArguments(batch_size=0)) ran out of memory; every bounded count is refused when made."""
-    from gated_qwen.tools.training_args import TrainingError
+    from gated_qwen.tools.training.arguments import TrainingError
 
     bound = TrainRunArguments.__dataclass_fields__[field].metadata["at_least"]
     with pytest.raises(TrainingError, match=f"--{field.replace('_', '-')} must be at least {bound}, not {bound - 1}"):

@@ -19,7 +19,7 @@ from conftest import TOKENIZER_TEXT, write_training_corpus
 
 from gated_qwen.cli import main
 from gated_qwen.tools.training import PackedRows, load_documents, train_tokenizer
-from gated_qwen.tools.training_args import TrainingArguments
+from gated_qwen.tools.training.arguments import TrainingArguments
 
 
 pytestmark = pytest.mark.slow

@@ -338,7 +338,7 @@ def test_a_stock_moe_config_with_gate_trains_as_the_gated_moe(corpus, tmp_path):
 
 
 def test_an_invalid_moe_config_is_refused_naming_the_family(corpus, tmp_path):
-    from gated_qwen.tools.training_args import TrainingError
+    from gated_qwen.tools.training.arguments import TrainingError
 
     (tmp_path / "bad.json").write_text(json.dumps(tiny_moe_config_dict(num_experts=2, num_experts_per_tok=3)))
     with pytest.raises(TrainingError, match="not a valid Qwen3MoeGated config.*num_experts_per_tok"):

@@ -14,7 +14,7 @@ import pickle
 from pathlib import Path
 
 from ...checkpoint.outputs import OutputError, OutputFolder, resolve_destination
-from ..training_args import RUN_DATA_KEYS, TrainingError, TrainRunArguments
+from .arguments import RUN_DATA_KEYS, TrainingError, TrainRunArguments
 
 
 RUN_STATE = "run_state.json"  # ours, written after Trainer's files: a checkpoint without it is unfinished
@@ -79,7 +79,7 @@ def read_checkpoint(checkpoint: str | Path) -> dict:
     >>> read_checkpoint(checkpoint)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    gated_qwen.tools.training_args.TrainingError: ...checkpoint-400 has no scheduler.pt; it is not a whole ...
+    gated_qwen.tools.training.arguments.TrainingError: ...checkpoint-400 has no scheduler.pt; it is not a whole ...
     >>> folder.cleanup()
     """
     import torch

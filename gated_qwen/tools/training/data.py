@@ -41,7 +41,7 @@ from pathlib import Path
 
 import torch
 
-from ..training_args import TrainingError, TrainRunArguments
+from .arguments import TrainingError, TrainRunArguments
 
 
 EOS_TOKEN = "<|endoftext|>"

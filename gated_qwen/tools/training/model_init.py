@@ -18,7 +18,7 @@ from ...models.auto import causal_lm_class
 from ...models.qwen3_gated.configuration_qwen3_gated import Qwen3GatedConfig
 from ...models.qwen3_moe_gated.configuration_qwen3_moe_gated import Qwen3MoeGatedConfig
 from ...utils.names import GATE_VARIANT_DEFAULTS
-from ..training_args import TRAINABLE, TrainingError, TrainRunArguments
+from .arguments import TRAINABLE, TrainingError, TrainRunArguments
 
 
 def _config_values(args: TrainRunArguments) -> dict:
@@ -86,7 +86,7 @@ def check_arguments(args: TrainRunArguments) -> None:
     >>> check_arguments(TrainRunArguments(train_file="t.jsonl", output_dir="o", max_steps=1, gate_init="random"))
     Traceback (most recent call last):
     ...
-    gated_qwen.tools.training_args.TrainingError: --init says how --gate converts the --init-from checkpoint; give --init-from and --gate with it, or leave --init out
+    gated_qwen.tools.training.arguments.TrainingError: --init says how --gate converts the --init-from checkpoint; give --init-from and --gate with it, or leave --init out
     """
     from ...utils.names import CONVERSION_INITS as INITS
 
@@ -182,7 +182,7 @@ def check_model_options(args: TrainRunArguments) -> None:
     >>> check_model_options(TrainRunArguments(train_file="t.jsonl", output_dir="o", max_steps=1, gate="none", gate_lr_scale=10))
     Traceback (most recent call last):
     ...
-    gated_qwen.tools.training_args.TrainingError: the model has no gate, so --gate-lr-scale has nothing to scale; choose a gate with --gate, or leave --gate-lr-scale out
+    gated_qwen.tools.training.arguments.TrainingError: the model has no gate, so --gate-lr-scale has nothing to scale; choose a gate with --gate, or leave --gate-lr-scale out
     """
     if args.init_from:
         read_init_config(args)

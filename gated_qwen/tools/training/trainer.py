@@ -25,8 +25,8 @@ from transformers.utils import logging
 
 from ...checkpoint.outputs import OutputFolder, write_text
 from ...errors import GatedQwenError
-from ..training_args import DEFAULT_VOCAB_SIZE, TrainingError, TrainRunArguments
 from . import checkpoints as ckpt
+from .arguments import DEFAULT_VOCAB_SIZE, TrainingError, TrainRunArguments
 from .data import (
     PackedRows,
     iter_texts,

@@ -1,6 +1,6 @@
 """The arguments of a training run (:class:`TrainRunArguments`), importable without torch.
 
-Kept apart from :mod:`gated_qwen.tools.training` (as transformers keeps ``TrainingArguments`` apart from its
+Kept apart from :mod:`gated_qwen.tools.training.trainer` (as transformers keeps ``TrainingArguments`` apart from its
 ``Trainer``) so that ``gated-qwen train --help`` shows the defaults without importing torch.
 """
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from ..errors import GatedQwenError
-from ..utils.names import (
+from ...errors import GatedQwenError
+from ...utils.names import (
     CONVERSION_INITS,
     GATE_ACTIVATIONS,
     GATE_COMBINATIONS,
@@ -89,7 +89,7 @@ class TrainRunArguments:
     >>> TrainRunArguments(train_file="train.jsonl", output_dir="runs/x", max_steps=10, batch_size=0)
     Traceback (most recent call last):
     ...
-    gated_qwen.tools.training_args.TrainingError: --batch-size must be at least 1, not 0
+    gated_qwen.tools.training.arguments.TrainingError: --batch-size must be at least 1, not 0
     """
 
     # local .jsonl/.json/.parquet/.txt file(s), comma-separated; or None with `dataset`
