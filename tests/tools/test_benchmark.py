@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from gated_qwen.cli import main
+from gated_qwen.cli.bench import check_targets
 from gated_qwen.tools.benchmark.measure import (
     BenchmarkOptions,
     build_arms,
-    check_targets,
     interleaved,
     paired_ratio,
     time_decode,

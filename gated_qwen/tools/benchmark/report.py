@@ -81,7 +81,8 @@ def _conversion_lines(conversion: dict) -> list[str]:
 
 
 def format_markdown(result: dict) -> str:
-    """The benchmark's tables as markdown: speed per arm, targets, loading, conversion, machine.
+    """The benchmark's tables as markdown: speed per arm, the targets a result carries (``gated-qwen bench`` adds
+    them), loading, conversion, machine.
 
     >>> from gated_qwen.tools.benchmark.measure import BenchmarkOptions, run_benchmark
     >>> result = run_benchmark(BenchmarkOptions(size="tiny", repeats=1, prompt_length=8, new_tokens=4, batch_sizes=(1,),
