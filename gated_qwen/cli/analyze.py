@@ -98,8 +98,8 @@ def _context_lengths(text: str) -> list[int]:
     for part in text.split(","):
         try:
             value = int(part)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{part!r} is not an integer (give lengths like 256,512,1024)") from None
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(f"{part!r} is not an integer (give lengths like 256,512,1024)") from error
         if value < 2:
             raise argparse.ArgumentTypeError(f"{value} is not a context length: each must be at least 2")
         lengths.append(value)
@@ -124,8 +124,8 @@ def _rope_scaling(text: str) -> tuple[str, float]:
         raise argparse.ArgumentTypeError(f"unknown RoPE scaling {kind!r}: supported are {', '.join(supported)}")
     try:
         value = float(factor)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not TYPE:FACTOR, e.g. yarn:4") from None
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"{text!r} is not TYPE:FACTOR, e.g. yarn:4") from error
     if not value > 1 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"the RoPE scaling factor must be above 1, not {factor}")
     return kind, value
@@ -313,8 +313,8 @@ def run(args) -> int:
     if args.text is not None:
         try:
             text = Path(args.text).read_text(encoding="utf-8")
-        except UnicodeDecodeError:
-            raise GatedQwenError(f"{args.text} is not UTF-8 text") from None
+        except UnicodeDecodeError as error:
+            raise GatedQwenError(f"{args.text} is not UTF-8 text") from error
     else:
         text = args.prompt
     for model_name, subfolder in zip(models, subfolders):  # every source checked before any model is loaded

@@ -145,6 +145,19 @@ def test_bad_arguments_fail_with_one_line(tmp_path, capsys, args, message):
     assert not (tmp_path / "benchmark.json").exists()
 
 
+def test_an_invalid_architecture_is_one_line_that_keeps_its_cause():
+    """The library raises the one-line message from the validation error, which a Python caller can still read."""
+    from huggingface_hub.errors import StrictDataclassError
+
+    from gated_qwen.errors import GatedQwenError
+    from gated_qwen.tools.benchmark.measure import run_benchmark
+
+    with pytest.raises(GatedQwenError, match="not a valid config") as caught:
+        run_benchmark(BenchmarkOptions(size="tiny", overrides={"num_hidden_layers": "two"}))
+    assert "\n" not in str(caught.value)
+    assert isinstance(caught.value.__cause__, (StrictDataclassError, TypeError, ValueError))
+
+
 def test_interleaved_rotates_the_order_and_drops_the_warm_up_round():
     calls = []
 

@@ -17,8 +17,8 @@ FIGURE_DPI = 100
 def _pyplot():
     try:
         import matplotlib
-    except ImportError:
-        raise GatedQwenError("figures need matplotlib: pip install 'gated-qwen[plot]' (or skip figures)") from None
+    except ImportError as error:
+        raise GatedQwenError("figures need matplotlib: pip install 'gated-qwen[plot]' (or skip figures)") from error
     matplotlib.use("Agg")  # files only, no display
     import matplotlib.pyplot as plt
 

@@ -37,6 +37,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
+from huggingface_hub.errors import StrictDataclassError
 from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 from transformers.generation.streamers import BaseStreamer
 from transformers.utils import logging as hf_logging
@@ -480,11 +481,11 @@ def run_benchmark(options: BenchmarkOptions, log: Callable[[str], None] = lambda
         gated_config(architecture(options), "none")
     except GatedQwenError:
         raise
-    except Exception as error:  # strict config validation raises several error types
+    except (StrictDataclassError, TypeError, ValueError) as error:  # strict validation, the config's own checks
         detail = " ".join(str(error).split())  # one line: strict validation spreads its message over several
         raise GatedQwenError(
             f"the benchmark architecture is not a valid config ({detail}); check the --set values"
-        ) from None
+        ) from error
     for gate in options.gates:  # a variant a gate cannot take (headwise after o_proj) is refused by the config
         gated_config(architecture(options), gate, options.gate_variant)
     if options.threads is not None:

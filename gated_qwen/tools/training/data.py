@@ -107,10 +107,10 @@ def load_documents(args: TrainRunArguments, heldout: bool = False, streaming: bo
     """
     try:
         import datasets
-    except ImportError:
+    except ImportError as error:
         raise TrainingError(
             "training reads its text with Hugging Face datasets: pip install 'gated-qwen[train]'"
-        ) from None
+        ) from error
 
     streaming = args.streaming if streaming is None else streaming
     if heldout:
@@ -139,14 +139,14 @@ def load_documents(args: TrainRunArguments, heldout: bool = False, streaming: bo
     except TrainingError:
         raise
     except Exception as error:  # datasets raises many types (file not found, builder and parse errors)
-        raise reading_error(args, error, heldout) from None
+        raise reading_error(args, error, heldout) from error
     field = "text" if spec is not None and builder == "text" else args.text_field
     columns = documents.column_names
     if columns is None:  # a stream whose features datasets does not know before reading: the first document says
         try:
             first = next(iter(documents.take(1)), None)
         except Exception as error:  # a parse error in the first lines
-            raise reading_error(args, error, heldout) from None
+            raise reading_error(args, error, heldout) from error
         columns = list(first) if first is not None else None
     if columns is not None and field not in columns:
         raise TrainingError(
@@ -421,8 +421,8 @@ def read_documents(path: str | Path) -> list[str]:
             continue
         try:
             documents.append(json.loads(line)["text"])
-        except (json.JSONDecodeError, KeyError, TypeError):
-            raise TrainingError(f'{path}:{number} is not a JSON object with a "text" field') from None
+        except (json.JSONDecodeError, KeyError, TypeError) as error:
+            raise TrainingError(f'{path}:{number} is not a JSON object with a "text" field') from error
     if not documents:
         raise TrainingError(f"{path} holds no documents")
     return documents

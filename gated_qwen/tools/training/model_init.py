@@ -32,7 +32,7 @@ def _config_values(args: TrainRunArguments) -> dict:
         try:
             values = json.loads(path.read_text())
         except json.JSONDecodeError as error:
-            raise TrainingError(f"config {path} is not valid JSON: {error}") from None
+            raise TrainingError(f"config {path} is not valid JSON: {error}") from error
     values.pop("architectures", None)
     if args.gate is not None:
         from ...models.layout import GATE_TYPES
@@ -77,7 +77,9 @@ def _make_config(args: TrainRunArguments, values: dict) -> Qwen3GatedConfig | Qw
     except (TypeError, ValueError) as error:
         family = "Qwen3MoeGated" if config_class is Qwen3MoeGatedConfig else "Qwen3Gated"
         reason = " ".join(str(error).split())
-        raise TrainingError(f"config {args.config or '(defaults)'} is not a valid {family} config: {reason}") from None
+        raise TrainingError(
+            f"config {args.config or '(defaults)'} is not a valid {family} config: {reason}"
+        ) from error
 
 
 def check_arguments(args: TrainRunArguments) -> None:
@@ -153,7 +155,7 @@ def read_init_config(args: TrainRunArguments) -> Qwen3GatedConfig | Qwen3MoeGate
         if isinstance(error, GatedQwenError):
             raise
         reason = " ".join(str(error).split())
-        raise TrainingError(f"cannot read the config of {source}: {reason}") from None
+        raise TrainingError(f"cannot read the config of {source}: {reason}") from error
     if args.gate is not None:
         if config.gate_type != "none":
             raise TrainingError(
@@ -166,7 +168,7 @@ def read_init_config(args: TrainRunArguments) -> Qwen3GatedConfig | Qwen3MoeGate
                 setattr(config, key, value)
             config.validate()
         except ValueError as error:
-            raise TrainingError(f"--gate {args.gate}: {' '.join(str(error).split())}") from None
+            raise TrainingError(f"--gate {args.gate}: {' '.join(str(error).split())}") from error
         from ...transforms.conversion import check_identity_init
 
         check_identity_init(config, args.gate_init or "identity")  # before any weight is read

@@ -120,8 +120,8 @@ def plot_losses(log_path: str | Path, png_path: str | Path) -> Path:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-    except ImportError:
-        raise GatedQwenError("plotting needs matplotlib: pip install 'gated-qwen[plot]'") from None
+    except ImportError as error:
+        raise GatedQwenError("plotting needs matplotlib: pip install 'gated-qwen[plot]'") from error
     rows = list(csv.DictReader(Path(log_path).open()))
     figure, axes = plt.subplots(figsize=(6, 4))
     for field, label in (("train_loss", "train"), ("heldout_loss", "held-out")):

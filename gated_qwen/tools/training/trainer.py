@@ -319,7 +319,7 @@ def _load_run_tokenizer(args: TrainRunArguments, run: _Run):
         except Exception as error:  # a damaged tokenizer.json raises the tokenizers library's own errors
             raise TrainingError(
                 f"cannot load the tokenizer in {source} ({ckpt._first_sentence(error)}); it is damaged or not a tokenizer folder"
-            ) from None
+            ) from error
     if args.init_from:
         # --init-from keeps the model's own tokenizer: there is no "elsewhere" to point to
         return load_tokenizer(args.init_from, args.init_from_subfolder, args.init_from_revision, elsewhere=None)
@@ -340,7 +340,7 @@ def _read_rows(args: TrainRunArguments, run: _Run, documents, tokenizer):
     except TrainingError:
         raise
     except Exception as error:  # datasets' and pyarrow's parse errors, met while streaming the first rows
-        raise reading_error(args, error) from None
+        raise reading_error(args, error) from error
     return rows, heldout
 
 
