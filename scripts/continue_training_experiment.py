@@ -185,7 +185,7 @@ def spike_measures(log: list[dict], reference: list[dict] | None, steps: int = S
 @torch.no_grad()
 def gate_statistics(model, rows: torch.Tensor, batch_size: int = 16) -> dict | None:
     """Gates (after the sigmoid) at every token, head and layer of ``rows``: mean, share < 0.5, mean |g - 0.5|."""
-    from gated_qwen.tools.analysis import record_gates
+    from gated_qwen.tools.analysis.gates import record_gates
 
     if model.config.gate_type == "none":
         return None
@@ -252,7 +252,7 @@ def main() -> None:
     from gated_qwen import Qwen3GatedForCausalLM
     from gated_qwen.tools.generation import load_tokenizer
     from gated_qwen.tools.training import (
-        TrainingArguments,
+        TrainRunArguments,
         heldout_rows,
         load_initial_model,
         pack_documents,
@@ -265,8 +265,8 @@ def main() -> None:
     for arm in args.arms:
         folder = Path(args.out) / arm
         saved = json.loads((folder / "train_args.json").read_text())
-        fields = TrainingArguments.__dataclass_fields__
-        start_model = load_initial_model(TrainingArguments(**{k: v for k, v in saved.items() if k in fields}))
+        fields = TrainRunArguments.__dataclass_fields__
+        start_model = load_initial_model(TrainRunArguments(**{k: v for k, v in saved.items() if k in fields}))
         final_model = Qwen3GatedForCausalLM.from_pretrained(folder / "final", dtype=torch.float32)
         summary = json.loads((folder / "summary.json").read_text())
         log = read_log(folder)

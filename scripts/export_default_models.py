@@ -29,7 +29,8 @@ import torch
 from gated_qwen import Qwen3GatedForCausalLM
 from gated_qwen.checkpoint.outputs import OutputFolder
 from gated_qwen.default_models import DEFAULT_MODELS_DIR
-from gated_qwen.tools.analysis import record_attention, record_gates, summarize_gates
+from gated_qwen.tools.analysis.gates import record_gates, summarize_gates
+from gated_qwen.tools.analysis.sinks import record_attention
 from gated_qwen.tools.training import evaluate, heldout_rows, pack_documents, read_documents, unigram_perplexity
 
 

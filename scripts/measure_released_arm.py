@@ -36,7 +36,7 @@ STEPS = {
     "resave": "`gated-qwen convert ARM CLEAN --gate keep` (the re-save, in process)",
     "load-safetensors": '`from_pretrained(CLEAN, dtype="auto")` + one forward of 8 tokens',
 }
-# step -> (benchmark_child step, which folder it reads): each runs alone in a fresh process
+# step -> (benchmark.child step, which folder it reads): each runs alone in a fresh process
 CHILDREN = {
     "import-only": ("import-only", "arm"),
     "load-bin": ("load", "arm"),
@@ -83,7 +83,7 @@ def write_released_arm(folder: Path) -> int:
 
 def main() -> int:
     from gated_qwen.checkpoint.outputs import scratch_folder
-    from gated_qwen.tools.benchmark_child import run_step
+    from gated_qwen.tools.benchmark.child import run_step
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3, help="runs of each child (default 3); the median is shown")

@@ -34,9 +34,9 @@ from _results import ROOT, describe, new_report, portable, write_results
 DATA_PASS = """
 import sys
 from gated_qwen.tools.training.data import _pack, load_documents
-from gated_qwen.tools.training_args import TrainingArguments
+from gated_qwen.tools.training.arguments import TrainRunArguments
 from transformers import AutoTokenizer
-args = TrainingArguments(train_file=sys.argv[1], output_dir="unused", max_steps=1, seq_len=256, streaming=True)
+args = TrainRunArguments(train_file=sys.argv[1], output_dir="unused", max_steps=1, seq_len=256, streaming=True)
 tokenizer = AutoTokenizer.from_pretrained(sys.argv[2])
 documents = load_documents(args)
 print(sum(1 for _ in _pack(documents, tokenizer, 256)))

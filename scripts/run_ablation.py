@@ -14,7 +14,7 @@ model is measured on the held-out split:
 - loss spikes at the high learning rate (``train``'s summary: a logged loss above 1.5x the median of the
   previous 50);
 - perplexity at 2x and 4x the training length, beyond ``max_position_embeddings``, without and with YaRN
-  (factor 2 and 4; :mod:`gated_qwen.tools.extrapolation`).
+  (factor 2 and 4; :mod:`gated_qwen.tools.analysis.extrapolation`).
 
 Writes ``results/ablation/results.{json,md}`` (every run's numbers, the table, the machine, the versions and
 this command) and keeps the runs under ``--runs`` (a finished run is reused when the script is run again).
@@ -126,14 +126,9 @@ def measure(folder: Path, stream) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from gated_qwen.tools.analysis import (
-        attention_sink,
-        gated_attention_layers,
-        massive_activations,
-        record_gates,
-        summarize_gates,
-    )
-    from gated_qwen.tools.extrapolation import apply_rope_scaling, perplexity_by_context_length
+    from gated_qwen.tools.analysis.extrapolation import apply_rope_scaling, perplexity_by_context_length
+    from gated_qwen.tools.analysis.gates import gated_attention_layers, record_gates, summarize_gates
+    from gated_qwen.tools.analysis.sinks import attention_sink, massive_activations
 
     def perplexities(model, lengths):
         return {r.length: r.perplexity for r in perplexity_by_context_length(model, stream, lengths, batch_size=8)}

@@ -60,7 +60,7 @@ def test_the_wheel_ships_what_the_package_reads(installed):
     assert (package / "py.typed").is_file()
     assert (package / "configs" / "1B_gate_headwise.json").is_file()
     assert (package / "default_models" / "headwise" / "model.safetensors").is_file()
-    assert (package / "tools" / "benchmark_child.py").is_file()
+    assert (package / "tools" / "benchmark" / "child.py").is_file()
 
 
 @pytest.mark.slow

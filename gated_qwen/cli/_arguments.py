@@ -28,10 +28,10 @@ def number(kind, low, high=None, low_open=False):
     def parse(text: str):
         try:
             value = kind(text)
-        except ValueError:
+        except ValueError as error:
             raise argparse.ArgumentTypeError(
                 f"{text!r} is not {'an integer' if kind is int else 'a number'}"
-            ) from None
+            ) from error
         if value < low or (low_open and value == low) or (high is not None and value > high):
             bound = f"{'above' if low_open else 'at least'} {low}" + (
                 f" and at most {high}" if high is not None else ""

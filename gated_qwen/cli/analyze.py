@@ -98,8 +98,8 @@ def _context_lengths(text: str) -> list[int]:
     for part in text.split(","):
         try:
             value = int(part)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{part!r} is not an integer (give lengths like 256,512,1024)") from None
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(f"{part!r} is not an integer (give lengths like 256,512,1024)") from error
         if value < 2:
             raise argparse.ArgumentTypeError(f"{value} is not a context length: each must be at least 2")
         lengths.append(value)
@@ -114,14 +114,18 @@ def _rope_scaling(text: str) -> tuple[str, float]:
     """
     import argparse
 
-    supported = ("yarn", "linear", "dynamic")  # gated_qwen.tools.extrapolation.ROPE_TYPES (not imported: torch)
+    supported = (
+        "yarn",
+        "linear",
+        "dynamic",
+    )  # gated_qwen.tools.analysis.extrapolation.ROPE_TYPES (not imported: torch)
     kind, _, factor = text.partition(":")
     if kind not in supported:
         raise argparse.ArgumentTypeError(f"unknown RoPE scaling {kind!r}: supported are {', '.join(supported)}")
     try:
         value = float(factor)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not TYPE:FACTOR, e.g. yarn:4") from None
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"{text!r} is not TYPE:FACTOR, e.g. yarn:4") from error
     if not value > 1 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"the RoPE scaling factor must be above 1, not {factor}")
     return kind, value
@@ -132,7 +136,10 @@ def analyze_model(model, tokenizer, text: str, args) -> tuple[dict, dict]:
     import torch
 
     from ..errors import GatedQwenError
-    from ..tools import analysis
+    from ..tools.analysis.gates import gated_attention_layers, record_gates, summarize_gates
+    from ..tools.analysis.perplexity import perplexity
+    from ..tools.analysis.routing import router_load
+    from ..tools.analysis.sinks import massive_activations, record_attention
 
     device = next(model.parameters()).device
     ids = tokenizer(text, return_tensors="pt").input_ids[0]
@@ -149,17 +156,17 @@ def analyze_model(model, tokenizer, text: str, args) -> tuple[dict, dict]:
             f"--skip-queries {args.skip_queries} leaves no query of the {probe.shape[1]} tokens analyzed"
         )
 
-    gated = bool(analysis.gated_attention_layers(model))
-    with torch.no_grad(), analysis.record_attention(model, args.skip_queries, map_layers=map_layers) as attention:
+    gated = bool(gated_attention_layers(model))
+    with torch.no_grad(), record_attention(model, args.skip_queries, map_layers=map_layers) as attention:
         if gated:
-            with analysis.record_gates(model) as gates:
+            with record_gates(model) as gates:
                 model(input_ids=probe)
-            gate_summary = analysis.summarize_gates(gates)
+            gate_summary = summarize_gates(gates)
         else:
             model(input_ids=probe)
             gate_summary = None
     first_token = attention.first_token()  # (L, H)
-    ppl = analysis.perplexity(model, ids, args.context, args.stride, args.batch_size, progress=sys.stderr.isatty())
+    ppl = perplexity(model, ids, args.context, args.stride, args.batch_size, progress=sys.stderr.isatty())
     numbers = {
         "gate_type": getattr(model.config, "gate_type", "none"),
         "analyzed_tokens": probe.shape[1],
@@ -171,8 +178,8 @@ def analyze_model(model, tokenizer, text: str, args) -> tuple[dict, dict]:
         },
         "gates": gate_summary,
         # a mixture of experts: the router's load per sparse layer, beside the gates (None for a dense model)
-        "router_load": analysis.router_load(model, probe),
-        "massive_activations": analysis.massive_activations(model, probe),
+        "router_load": router_load(model, probe),
+        "massive_activations": massive_activations(model, probe),
         "perplexity": {
             "perplexity": ppl.perplexity,
             "mean_nll": ppl.mean_nll,
@@ -183,7 +190,7 @@ def analyze_model(model, tokenizer, text: str, args) -> tuple[dict, dict]:
         },
     }
     if getattr(args, "context_lengths", None):
-        from ..tools.extrapolation import perplexity_by_context_length
+        from ..tools.analysis.extrapolation import perplexity_by_context_length
 
         by_length = perplexity_by_context_length(model, ids, args.context_lengths, batch_size=args.batch_size)
         numbers["context_lengths"] = {
@@ -196,16 +203,16 @@ def analyze_model(model, tokenizer, text: str, args) -> tuple[dict, dict]:
 
 
 def _write_figures(folder: Path, numbers: dict, tensors: dict) -> list[str]:
-    from ..tools import analysis
+    from ..tools.analysis.figures import plot_attention_maps, plot_first_token_attention, plot_gate_histograms
 
     written = []
-    analysis.plot_attention_maps(
+    plot_attention_maps(
         {label: t["maps"] for label, t in tensors.items()},
         {label: t["tokens"] for label, t in tensors.items()},
         folder / "attention_maps.png",
     )
     written.append("attention_maps.png")
-    analysis.plot_first_token_attention(
+    plot_first_token_attention(
         {label: n["first_token_attention"]["per_layer"] for label, n in numbers.items()},
         folder / "first_token_attention.png",
     )
@@ -214,7 +221,7 @@ def _write_figures(folder: Path, numbers: dict, tensors: dict) -> list[str]:
         label: [layer["histogram"] for layer in n["gates"]["layers"]] for label, n in numbers.items() if n["gates"]
     }
     if histograms:
-        analysis.plot_gate_histograms(histograms, folder / "gate_histograms.png")
+        plot_gate_histograms(histograms, folder / "gate_histograms.png")
         written.append("gate_histograms.png")
     return written
 
@@ -306,8 +313,8 @@ def run(args) -> int:
     if args.text is not None:
         try:
             text = Path(args.text).read_text(encoding="utf-8")
-        except UnicodeDecodeError:
-            raise GatedQwenError(f"{args.text} is not UTF-8 text") from None
+        except UnicodeDecodeError as error:
+            raise GatedQwenError(f"{args.text} is not UTF-8 text") from error
     else:
         text = args.prompt
     for model_name, subfolder in zip(models, subfolders):  # every source checked before any model is loaded
@@ -315,7 +322,7 @@ def run(args) -> int:
         check_tokenizer_files(model_name, subfolder, args.revision)
     output = OutputFolder(args.out, overwrite=args.overwrite)  # checked before any model is loaded
     if not args.no_plots:
-        from ..tools.analysis import _pyplot
+        from ..tools.analysis.figures import _pyplot
 
         _pyplot()  # fail before any model is loaded when matplotlib is missing
     (
@@ -332,7 +339,7 @@ def run(args) -> int:
                 model_name, subfolder=subfolder, revision=args.revision, device=args.device, dtype=args.dtype
             )
         if args.rope_scaling is not None:
-            from ..tools.extrapolation import apply_rope_scaling
+            from ..tools.analysis.extrapolation import apply_rope_scaling
 
             # on the loaded model: its config and rotary embedding (the only reader of rope_parameters, whose inv_freq
             # is never in the checkpoint) are rebuilt, which equals from_pretrained(config=scaled); the disk is untouched

@@ -10,11 +10,16 @@ from pathlib import Path
 
 OUTPUT_FILES = ("benchmark.md", "benchmark.json")
 PARTS = ("models", "loading", "conversion")
+STOCK_ARM = "qwen3"  # the arm of transformers' own Qwen3ForCausalLM (gated_qwen.tools.benchmark.measure.STOCK_ARM)
+# The project's targets, which this command checks and reports as met or not (docs/benchmarks.md):
+TARGET_SLACK = 0.02  # a gated arm within 2% of its floor, the no-gate arm within 2% of Qwen3ForCausalLM
+CONVERSION_TIME_TARGET = 2.0  # conversion within 2x the time of copying the files
+RSS_ALLOWANCE = 300 * 2**20  # conversion's peak RSS under twice the largest tensor plus 300 MB
 
 
 def add_parser(subparsers) -> None:
     # The defaults and choices come from the library's torch-free options module, the one place they are defined.
-    from ..tools.benchmark_options import DTYPES, SIZES, BenchmarkOptions
+    from ..tools.benchmark.options import DTYPES, SIZES, BenchmarkOptions
     from ._arguments import add_gate_variant_arguments
 
     defaults = BenchmarkOptions()
@@ -160,9 +165,61 @@ def gate_variant(args) -> dict:
     return {key: value for key, value in gate_variant_options(args).items() if value != GATE_VARIANT_DEFAULTS[key]}
 
 
+def check_targets(result: dict) -> list[dict]:
+    """The project's targets against a benchmark result: one row per target with measured, limit and met.
+
+    Time ratios are paired medians (``gated_qwen.tools.benchmark.measure.paired_ratio``). The released headwise
+    gate's limit is 1 plus 2%; any other gated arm's (elementwise, or a variant of ``gate_variant``) is its
+    parameter share over the no-gate arm plus 2%: of all parameters for decode, which reads every weight each
+    step (the floor of a memory-bound step), and of the decoder layers' parameters for prefill, whose compute
+    grows with those alone (``layer_parameter_count``). For a mixture of experts, of the parameters a token
+    uses (the active ones): the idle experts are neither read nor computed.
+
+    >>> result = {"conversion": {"time_ratio_to_copy": 1.5, "peak_rss": {"convert": 900e6},
+    ...                          "largest_tensor_bytes": 200e6}}
+    >>> [(row["target"], row["met"]) for row in check_targets(result)]
+    [('conversion time / copy time', True), ('conversion peak RSS (MB)', False)]
+    """
+    rows = []
+    moe = "active_parameters" in result
+    variant = result.get("options", {}).get("gate_variant")
+    stock_label = "Qwen3MoeForCausalLM" if moe else "Qwen3ForCausalLM"
+
+    def add(what, measured, limit, quartiles=None):
+        rows.append(
+            {"target": what, "measured": measured, "limit": limit, "met": measured <= limit, "quartiles": quartiles}
+        )
+
+    if "models" in result:
+        for workload, numbers in result["models"]["workloads"].items():
+            counted = "layer_parameters" if workload.startswith("prefill") else "parameters"
+            parameters = result[f"active_{counted}"] if moe else result["models"][counted]
+            ratios, quartiles = numbers["time_ratio_to_none"], numbers["time_ratio_quartiles_to_none"]
+            for gate in (arm for arm in ratios if arm not in (STOCK_ARM, "none")):
+                # the released headwise gate adds 1 row per head: its floor is 1
+                share = 1.0 if gate == "headwise" and not variant else parameters[gate] / parameters["none"]
+                add(f"{workload}: {gate} time / none time", ratios[gate], share + TARGET_SLACK, quartiles[gate])
+            add(
+                f"{workload}: none time / {stock_label} time",
+                numbers["none_time_ratio_to_qwen3"],
+                1 + TARGET_SLACK,
+                numbers["none_time_ratio_quartiles_to_qwen3"],
+            )
+    if "conversion" in result:
+        conversion = result["conversion"]
+        add("conversion time / copy time", conversion["time_ratio_to_copy"], CONVERSION_TIME_TARGET)
+        add(
+            "conversion peak RSS (MB)",
+            conversion["peak_rss"]["convert"] / 1e6,
+            (2 * conversion["largest_tensor_bytes"] + RSS_ALLOWANCE) / 1e6,
+        )
+    return rows
+
+
 def run(args) -> int:
     from ..checkpoint.outputs import OutputFolder
-    from ..tools.benchmark import BenchmarkOptions, format_markdown, run_benchmark
+    from ..tools.benchmark.measure import BenchmarkOptions, run_benchmark
+    from ..tools.benchmark.report import format_markdown
 
     # Checked before measuring, not after minutes of it. --output-dir may hold other files: only these two
     # are written, both at once (gated_qwen.checkpoint.outputs), and earlier ones replaced only with --overwrite.
@@ -193,6 +250,7 @@ def run(args) -> int:
     result = run_benchmark(
         options, log=lambda message: print(f"gated-qwen bench: {message}", file=sys.stderr, flush=True)
     )
+    result["targets"] = check_targets(result)
     result["command"] = command_line(args)
     markdown = format_markdown(result) + f"\nCommand: `{result['command']}`\n"
 

@@ -31,6 +31,8 @@ def describe(checkpoint: str, subfolder: str = "", revision: str | None = None) 
     >>> [describe(str(models), subfolder=arm)["gate_type"] for arm in ("headwise", "baseline")]
     ['headwise', 'none']
     """
+    from huggingface_hub.errors import StrictDataclassError
+
     from ..checkpoint import SAFETENSORS_DTYPES, check_layer_count, check_weights_match_config, read_checkpoint_header
     from ..errors import CheckpointError
     from ..models.qwen3_gated.configuration_qwen3_gated import Qwen3GatedConfig, check_model_type
@@ -46,11 +48,11 @@ def describe(checkpoint: str, subfolder: str = "", revision: str | None = None) 
         config = (Qwen3MoeGatedConfig if moe else Qwen3GatedConfig).from_dict(header.config)
     except CheckpointError:
         raise
-    except Exception as error:  # strict dataclass validation raises several error types
+    except (StrictDataclassError, TypeError, ValueError) as error:  # strict validation, the config's own checks
         reason = " ".join(str(error).split())
         raise CheckpointError(
             f"{header.source}/config.json is not a valid {'Qwen3-MoE' if moe else 'Qwen3'} config: {reason}"
-        ) from None
+        ) from error
     if header.weights_format is None:
         raise CheckpointError(
             f"{header.source} has no weights (model.safetensors, pytorch_model.bin, or an index of either)"

@@ -1,7 +1,7 @@
 """``gated-qwen train``: train a Qwen3Gated (or Qwen3MoeGated) model on plain text, from scratch or continuing a
 checkpoint (see :mod:`gated_qwen.tools.training`).
 
-Its options are the fields of :class:`~gated_qwen.tools.training_args.TrainRunArguments`, derived by
+Its options are the fields of :class:`~gated_qwen.tools.training.arguments.TrainRunArguments`, derived by
 :func:`add_dataclass_arguments` as transformers' ``HfArgumentParser`` derives them (``--field-name``, the
 ``aliases``, ``help`` and ``choices`` of the field's metadata, ``--no-`` for a bool that is true by default).
 ``HfArgumentParser`` itself is not used: importing it imports transformers (about a second), and
@@ -81,7 +81,7 @@ def add_dataclass_arguments(parser, cls) -> dict:
 
 
 def add_parser(subparsers) -> None:
-    from ..tools.training_args import TrainRunArguments
+    from ..tools.training.arguments import TrainRunArguments
 
     parser = subparsers.add_parser(
         "train",
@@ -110,7 +110,7 @@ def run_arguments(args):
     """The :class:`TrainRunArguments` of parsed ``gated-qwen train`` options (which check their bounds)."""
     import dataclasses
 
-    from ..tools.training_args import TrainRunArguments
+    from ..tools.training.arguments import TrainRunArguments
 
     fields = [field for field in dataclasses.fields(TrainRunArguments) if field.metadata.get("cli", True)]
     values = {field.name: getattr(args, field.name) for field in fields}

@@ -37,10 +37,10 @@ def _import_lm_eval():
         import lm_eval
         from lm_eval.models.huggingface import HFLM
         from lm_eval.tasks import TaskManager
-    except ImportError:
+    except ImportError as error:
         raise GatedQwenError(
             "evaluation needs lm-evaluation-harness: pip install 'gated-qwen[eval]' (or pip install lm-eval)"
-        ) from None
+        ) from error
     return lm_eval, HFLM, TaskManager
 
 

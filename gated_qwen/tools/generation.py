@@ -97,7 +97,7 @@ def check_tokenizer_files(
             or []
         )
     except OSError as error:
-        raise hub_error(error.__cause__ or error, source, subfolder, revision) from None
+        raise hub_error(error.__cause__ or error, source, subfolder, revision) from error
     found_names = {Path(path).name for path in found}
     if not any(found_names.issuperset(names) for names in TOKENIZER_FILE_SETS):
         where = f"{source}" + (f" (subfolder {subfolder})" if subfolder else "")
@@ -427,7 +427,7 @@ def generate(
             first_line = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
             raise GatedQwenError(
                 f"attention {attention} failed to compile on {model.device.type} ({first_line}); use --attn sdpa"
-            ) from None
+            ) from error
         seconds = time.perf_counter() - start
         new_ids = sequences[:, inputs["input_ids"].shape[1] :].tolist()  # (B, T_new)
         for prompt, row in zip(batch, new_ids):

@@ -112,7 +112,7 @@ def gated_config_from_dict(
     try:
         return type(source_config).from_dict(values)
     except ValueError as error:  # a gate without meaning (headwise at dense_output, ...): one line
-        raise GatedQwenError(str(error)) from None
+        raise GatedQwenError(str(error)) from error
 
 
 # Where the gate halves a tensor at init "identity" (sigmoid(0) = 0.5), the tensors that are doubled to undo it:

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from huggingface_hub.errors import StrictDataclassError
 from transformers.utils import logging
 
 from ..checkpoint import (
@@ -113,9 +114,9 @@ def source_config_from_dict(config_dict: dict, source: str = "the model") -> Qwe
         config_class, family, config_dict = Qwen3GatedConfig, "Qwen3", normalize_config_dict(config_dict, source)
     try:
         return config_class.from_dict(config_dict)
-    except Exception as error:  # strict dataclass validation raises several error types
+    except (StrictDataclassError, TypeError, ValueError) as error:  # strict validation, the config's own checks
         reason = " ".join(str(error).split())  # validation messages span lines; the CLI prints one
-        raise CheckpointError(f"the config of {source} is not a valid {family} config: {reason}") from None
+        raise CheckpointError(f"the config of {source} is not a valid {family} config: {reason}") from error
 
 
 def _listed(found: list[str]) -> str:
@@ -144,7 +145,7 @@ def plan_tensors(
         except ValueError as error:
             raise CheckpointError(
                 f"{source}: {name} has shape {tuple(info.shape)}, which does not fit its config ({error})"
-            ) from None
+            ) from error
         for out_name, out in outputs:
             if out_name in mapping.not_saved:
                 dropped.append(out_name)

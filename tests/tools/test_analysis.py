@@ -10,15 +10,13 @@ from gated_qwen import Qwen3GatedForCausalLM
 from gated_qwen.cli import main
 from gated_qwen.errors import GatedQwenError
 from gated_qwen.models.layout import gate_dim, split_query_and_gate
-from gated_qwen.tools.analysis import (
+from gated_qwen.tools.analysis.gates import override_gates, record_gates, summarize_gates
+from gated_qwen.tools.analysis.perplexity import perplexity
+from gated_qwen.tools.analysis.sinks import (
     attention_sink,
     first_token_attention,
     massive_activations,
-    override_gates,
-    perplexity,
     record_attention,
-    record_gates,
-    summarize_gates,
 )
 
 

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from gated_qwen.cli import main
-from gated_qwen.tools.benchmark import (
+from gated_qwen.cli.bench import check_targets
+from gated_qwen.tools.benchmark.measure import (
     BenchmarkOptions,
     build_arms,
-    check_targets,
     interleaved,
     paired_ratio,
     time_decode,
@@ -145,6 +145,19 @@ def test_bad_arguments_fail_with_one_line(tmp_path, capsys, args, message):
     assert not (tmp_path / "benchmark.json").exists()
 
 
+def test_an_invalid_architecture_is_one_line_that_keeps_its_cause():
+    """The library raises the one-line message from the validation error, which a Python caller can still read."""
+    from huggingface_hub.errors import StrictDataclassError
+
+    from gated_qwen.errors import GatedQwenError
+    from gated_qwen.tools.benchmark.measure import run_benchmark
+
+    with pytest.raises(GatedQwenError, match="not a valid config") as caught:
+        run_benchmark(BenchmarkOptions(size="tiny", overrides={"num_hidden_layers": "two"}))
+    assert "\n" not in str(caught.value)
+    assert isinstance(caught.value.__cause__, (StrictDataclassError, TypeError, ValueError))
+
+
 def test_interleaved_rotates_the_order_and_drops_the_warm_up_round():
     calls = []
 
@@ -175,7 +188,7 @@ def test_arms_share_weights_and_decode_is_timed_over_cached_steps():
 
 def test_decode_time_is_the_median_step(monkeypatch):
     """One stretched step (an interrupt, a page fault) does not move a run's per-token time."""
-    import gated_qwen.tools.benchmark as benchmark
+    import gated_qwen.tools.benchmark.measure as benchmark
 
     clock = iter([0.0, 10.0, 11.0, 12.0, 20.0])  # prompt, then four tokens: steps of 1, 1 and 8 seconds
     monkeypatch.setattr(benchmark.time, "perf_counter", lambda: next(clock))
@@ -190,7 +203,7 @@ def test_decode_time_is_the_median_step(monkeypatch):
 
 
 def test_size_1b_is_the_released_architecture_from_configs():
-    from gated_qwen.tools.benchmark import architecture
+    from gated_qwen.tools.benchmark.measure import architecture
 
     arch = architecture(BenchmarkOptions(size="1b", overrides={"num_hidden_layers": 2}))
     assert {
@@ -256,8 +269,8 @@ def test_the_paper_rows_reach_the_gated_arms_and_not_the_no_gate_arm():
 
 def test_the_converter_step_writes_the_variant_it_is_given(tmp_path):
     """The child process converts with the options it is passed (JSON on its command line)."""
-    from gated_qwen.tools.benchmark import architecture, stock_model
-    from gated_qwen.tools.benchmark_child import run_step
+    from gated_qwen.tools.benchmark.child import run_step
+    from gated_qwen.tools.benchmark.measure import architecture, stock_model
 
     stock = tmp_path / "stock"
     stock_model(architecture(BenchmarkOptions(size="tiny"))).save_pretrained(stock)

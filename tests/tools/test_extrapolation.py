@@ -11,7 +11,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from gated_qwen import Qwen3GatedForCausalLM
 from gated_qwen.cli import main
-from gated_qwen.tools.extrapolation import apply_rope_scaling, perplexity_by_context_length, with_rope_scaling
+from gated_qwen.tools.analysis.extrapolation import apply_rope_scaling, perplexity_by_context_length, with_rope_scaling
 from tests.conftest import tiny_config, write_released_checkpoint, write_tiny_tokenizer
 
 

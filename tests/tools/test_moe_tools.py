@@ -11,7 +11,8 @@ from transformers import Qwen3MoeForCausalLM
 from gated_qwen import Qwen3MoeGatedConfig, convert_checkpoint
 from gated_qwen.cli import main
 from gated_qwen.cli.inspect import describe
-from gated_qwen.tools import analysis
+from gated_qwen.tools.analysis.routing import router_load
+from gated_qwen.tools.analysis.sinks import massive_activations
 from gated_qwen.tools.generation import load_model
 
 
@@ -134,7 +135,7 @@ def test_router_load_beside_the_gates(gated_moe, stock_moe_dense_layer, tmp_path
         if hasattr(layer.mlp, "experts")
     ]
     try:
-        rows = analysis.router_load(model, ids)
+        rows = router_load(model, ids)
     finally:
         for hook in hooks:
             hook.remove()
@@ -148,11 +149,11 @@ def test_router_load_beside_the_gates(gated_moe, stock_moe_dense_layer, tmp_path
         assert sum(row["mean_probability"]) == pytest.approx(1.0, abs=1e-5)
     # an identity conversion computes the stock model, routers included; the random gates route differently
     convert_checkpoint(stock_moe_dense_layer, tmp_path / "identity", gate="elementwise", progress=False)
-    identity = analysis.router_load(load_model(str(tmp_path / "identity"), device="cpu"), ids)
-    stock = analysis.router_load(load_model(str(stock_moe_dense_layer), device="cpu"), ids)
+    identity = router_load(load_model(str(tmp_path / "identity"), device="cpu"), ids)
+    stock = router_load(load_model(str(stock_moe_dense_layer), device="cpu"), ids)
     assert identity == stock and stock != rows
     # massive activations cover every decoder layer, sparse or dense
-    assert [row["layer"] for row in analysis.massive_activations(model, ids)] == [0, 1, 2]
+    assert [row["layer"] for row in massive_activations(model, ids)] == [0, 1, 2]
 
 
 def test_analyze_reports_router_load_and_gates(gated_moe, tmp_path, capsys):
@@ -179,13 +180,8 @@ def test_analyze_reports_router_load_and_gates(gated_moe, tmp_path, capsys):
 
 
 def test_bench_has_moe_sizes_with_the_gates_cost_beside_the_experts():
-    from gated_qwen.tools.benchmark import (
-        BenchmarkOptions,
-        build_arms,
-        format_markdown,
-        parameter_counts,
-        run_benchmark,
-    )
+    from gated_qwen.tools.benchmark.measure import BenchmarkOptions, build_arms, parameter_counts, run_benchmark
+    from gated_qwen.tools.benchmark.report import format_markdown
 
     counts = parameter_counts(BenchmarkOptions(size="moe-tiny"))
     parameters, active = counts["parameters"], counts["active_parameters"]

@@ -18,9 +18,8 @@ from gated_qwen.cli import main
 from gated_qwen.default_models import default_model_path
 from gated_qwen.models.layout import split_query_and_gate
 from gated_qwen.tools.training import (
-    PackedBatches,
-    TrainingArguments,
     TrainingError,
+    TrainRunArguments,
     evaluate,
     heldout_rows,
     load_initial_model,
@@ -39,7 +38,7 @@ def corpus(tmp_path):
     return write_training_corpus(tmp_path / "corpus.jsonl")
 
 
-def tiny_args(corpus: Path, out: Path, **overrides) -> TrainingArguments:
+def tiny_args(corpus: Path, out: Path, **overrides) -> TrainRunArguments:
     values = {
         "train_file": str(corpus),
         "heldout_file": str(corpus),
@@ -58,7 +57,7 @@ def tiny_args(corpus: Path, out: Path, **overrides) -> TrainingArguments:
         "threads": 1,
         "progress": False,
     }
-    return TrainingArguments(**{**values, **overrides})
+    return TrainRunArguments(**{**values, **overrides})
 
 
 def read_log(folder: Path) -> list[dict]:
@@ -106,16 +105,6 @@ def test_a_non_empty_output_folder_is_not_overwritten(corpus, tmp_path):
     with pytest.raises(TrainingError, match="not empty"):
         train(tiny_args(corpus, tmp_path / "run", max_steps=1))
     assert (tmp_path / "run" / "keep.txt").read_text() == "mine"
-
-
-def test_batches_depend_only_on_seed_and_step_and_cover_each_epoch():
-    stream = torch.arange(60)
-    data = PackedBatches(stream, seq_len=3, global_batch=4, seed=7)  # 20 rows, 5 steps per epoch
-    again = PackedBatches(stream, seq_len=3, global_batch=4, seed=7)
-    assert torch.equal(data.batch(6), again.batch(6))
-    first_epoch = torch.cat([data.batch(step) for step in range(5)])
-    assert sorted(first_epoch[:, 0].tolist()) == list(range(0, 60, 3))
-    assert not torch.equal(data.batch(0), PackedBatches(stream, seq_len=3, global_batch=4, seed=8).batch(0))
 
 
 def test_unigram_perplexity_is_the_smoothed_frequency():
@@ -199,7 +188,7 @@ def write_stock_checkpoint(folder: Path, attention_bias: bool = False, tokenizer
     return folder
 
 
-def continue_args(corpus: Path, out: Path, source: Path, **overrides) -> TrainingArguments:
+def continue_args(corpus: Path, out: Path, source: Path, **overrides) -> TrainRunArguments:
     """tiny_args for continuing ``source``: its architecture and tokenizer, not a config or a trained BPE."""
     return tiny_args(
         corpus, out, **{"config": None, "gate": None, "vocab_size": None, "init_from": str(source), **overrides}
@@ -353,7 +342,7 @@ def test_resume_with_init_from_equals_an_uninterrupted_run(corpus, tmp_path, opt
 
 def test_a_random_gate_init_is_drawn_again_from_the_seed(tmp_path):
     stock = write_stock_checkpoint(tmp_path / "stock")
-    args = TrainingArguments(
+    args = TrainRunArguments(
         train_file="unused",
         output_dir="unused",
         max_steps=1,

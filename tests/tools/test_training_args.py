@@ -10,8 +10,8 @@ import pytest
 
 from gated_qwen.cli import build_parser
 from gated_qwen.cli.train import run_arguments
+from gated_qwen.tools.training.arguments import RUN_DATA_KEYS, TrainRunArguments
 from gated_qwen.tools.training.reporting import SPIKE_FACTOR, SPIKE_MIN_HISTORY, SPIKE_WINDOW, LossSpikes
-from gated_qwen.tools.training_args import RUN_DATA_KEYS, TrainingArguments, TrainRunArguments
 
 
 def parse(*argv):
@@ -42,7 +42,25 @@ def test_old_flags_are_aliases_of_the_field_names():
 def test_defaults_are_the_dataclass_defaults():
     parsed = parse("--dataset", "d", "--out", "o", "--max-tokens", "100")
     assert parsed == TrainRunArguments(train_file=None, dataset="d", output_dir="o", max_tokens=100)
-    assert TrainingArguments is TrainRunArguments  # the old name, for scripts
+
+
+def test_the_trainer_options_reach_trainer_under_their_own_names(tmp_path):
+    """The fields marked trainer=True are transformers' TrainingArguments fields, passed as they are."""
+    from transformers import TrainingArguments
+
+    from gated_qwen.tools.training.trainer import _hf_arguments
+
+    passed = [field.name for field in dataclasses.fields(TrainRunArguments) if field.metadata.get("trainer")]
+    assert {"learning_rate", "seed", "gradient_accumulation_steps"} <= set(passed)
+    assert set(passed) <= {field.name for field in dataclasses.fields(TrainingArguments)}
+    args = TrainRunArguments(
+        train_file="t.jsonl", output_dir=str(tmp_path), max_steps=3, learning_rate=0.25, weight_decay=0.5,
+        max_grad_norm=2.0, gradient_accumulation_steps=3, seed=7,
+    )  # fmt: skip
+    hf = _hf_arguments(args, total_steps=3, num_processes=1)
+    assert all(getattr(hf, name) == getattr(args, name) for name in passed if name not in ("report_to", "deepspeed"))
+    assert hf.report_to == [] and hf.deepspeed is None  # "none" as transformers reads it; no DeepSpeed config
+    assert hf.average_tokens_across_devices is False  # the mean of each process's packed rows is DDP's to average
 
 
 @pytest.mark.parametrize(
@@ -69,7 +87,7 @@ def test_bounds_are_checked():
 @pytest.mark.parametrize("field", [f.name for f in dataclasses.fields(TrainRunArguments) if "at_least" in f.metadata])
 def test_bounds_are_checked_when_the_arguments_are_made_in_python(field):
     """train(TrainRunArguments(batch_size=0)) ran out of memory; every bounded count is refused when made."""
-    from gated_qwen.tools.training_args import TrainingError
+    from gated_qwen.tools.training.arguments import TrainingError
 
     bound = TrainRunArguments.__dataclass_fields__[field].metadata["at_least"]
     with pytest.raises(TrainingError, match=f"--{field.replace('_', '-')} must be at least {bound}, not {bound - 1}"):

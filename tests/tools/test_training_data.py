@@ -14,8 +14,8 @@ from conftest import TOKENIZER_TEXT
 from gated_qwen.cli import main
 from gated_qwen.tools.training import (
     PackedRows,
-    TrainingArguments,
     TrainingError,
+    TrainRunArguments,
     load_documents,
     train_tokenizer,
 )
@@ -35,7 +35,7 @@ def write_jsonl(path: Path, field: str = "text") -> Path:
     return path
 
 
-def rows(args: TrainingArguments, tokenizer, count: int = 12, **kwargs) -> list[list[int]]:
+def rows(args: TrainRunArguments, tokenizer, count: int = 12, **kwargs) -> list[list[int]]:
     stream = iter(
         PackedRows(
             load_documents(args),
@@ -56,21 +56,21 @@ def test_jsonl_parquet_and_streaming_give_the_same_rows(tmp_path, tokenizer):
     jsonl = write_jsonl(tmp_path / "t.jsonl")
     datasets.Dataset.from_dict({"text": DOCUMENTS}).to_parquet(str(tmp_path / "t.parquet"))
     base = {"output_dir": "unused", "max_steps": 1, "seq_len": 16}
-    documents = load_documents(TrainingArguments(train_file=str(jsonl), **base))
+    documents = load_documents(TrainRunArguments(train_file=str(jsonl), **base))
     epoch = list(PackedRows(documents, tokenizer, 16, num_shards=1, rank=0, world_size=1, seed=0).packed_rows(0))
     assert len(epoch) >= 12  # one pass over the documents, in their order
-    reference = rows(TrainingArguments(train_file=str(jsonl), **base), tokenizer, 2 * len(epoch))  # the Arrow cache
+    reference = rows(TrainRunArguments(train_file=str(jsonl), **base), tokenizer, 2 * len(epoch))  # the Arrow cache
     assert (
-        rows(TrainingArguments(train_file=str(tmp_path / "t.parquet"), **base), tokenizer, 2 * len(epoch)) == reference
+        rows(TrainRunArguments(train_file=str(tmp_path / "t.parquet"), **base), tokenizer, 2 * len(epoch)) == reference
     )
     # every epoch is a permutation of all the rows, drawn from seed + epoch
     for index in range(2):
         order = torch.randperm(len(epoch), generator=torch.Generator().manual_seed(index)).tolist()
         assert reference[index * len(epoch) : (index + 1) * len(epoch)] == [epoch[i] for i in order]
     assert (
-        rows(TrainingArguments(train_file=str(jsonl), seed=1, **base), tokenizer) != reference[:12]
+        rows(TrainRunArguments(train_file=str(jsonl), seed=1, **base), tokenizer) != reference[:12]
     )  # the seed orders them
-    streamed = rows(TrainingArguments(train_file=str(jsonl), streaming=True, **base), tokenizer, len(epoch))
+    streamed = rows(TrainRunArguments(train_file=str(jsonl), streaming=True, **base), tokenizer, len(epoch))
     assert streamed != epoch and sorted(streamed) != sorted(epoch)  # documents shuffled before they are packed
     flat = [token for row in reference for token in row]
     assert flat.count(tokenizer.eos_token_id) >= 4  # documents packed across rows, an eos after each
@@ -78,7 +78,7 @@ def test_jsonl_parquet_and_streaming_give_the_same_rows(tmp_path, tokenizer):
 
 def test_packed_rows_are_cached_for_the_same_text_and_rebuilt_when_it_changes(tmp_path, tokenizer):
     jsonl = write_jsonl(tmp_path / "t.jsonl")
-    args = TrainingArguments(train_file=str(jsonl), output_dir="unused", max_steps=1, seq_len=16)
+    args = TrainRunArguments(train_file=str(jsonl), output_dir="unused", max_steps=1, seq_len=16)
     first = PackedRows(load_documents(args), tokenizer, 16, num_shards=1, rank=0, world_size=1, seed=0).row_table(0)
     again = PackedRows(load_documents(args), tokenizer, 16, num_shards=1, rank=0, world_size=1, seed=0).row_table(0)
     assert again.cache_files == first.cache_files  # read back, not tokenized again
@@ -92,7 +92,7 @@ def test_a_dataset_folder_with_a_split_and_a_text_field(tmp_path, tokenizer):
     folder.mkdir()
     write_jsonl(folder / "train.jsonl", field="content")
     write_jsonl(folder / "validation.jsonl", field="content")
-    args = TrainingArguments(
+    args = TrainRunArguments(
         train_file=None,
         dataset=str(folder),
         split="validation",
@@ -104,14 +104,14 @@ def test_a_dataset_folder_with_a_split_and_a_text_field(tmp_path, tokenizer):
     documents = load_documents(args)
     assert documents.column_names == ["text"] and next(iter(documents))["text"] == DOCUMENTS[0]
     with pytest.raises(TrainingError, match="has no 'text' field .*content.*--text-field"):
-        load_documents(TrainingArguments(train_file=None, dataset=str(folder), output_dir="unused", max_steps=1))
+        load_documents(TrainRunArguments(train_file=None, dataset=str(folder), output_dir="unused", max_steps=1))
 
 
 def test_shards_split_the_documents_without_overlap(tmp_path):
     jsonl = write_jsonl(tmp_path / "t.jsonl")
     for streaming in (False, True):
         documents = load_documents(
-            TrainingArguments(train_file=str(jsonl), output_dir="u", max_steps=1, streaming=streaming)
+            TrainRunArguments(train_file=str(jsonl), output_dir="u", max_steps=1, streaming=streaming)
         )
         parts = [[row["text"] for row in shard_documents(documents, 4, index)] for index in range(4)]
         assert sorted(sum(parts, [])) == sorted(DOCUMENTS) and all(parts), streaming
@@ -120,7 +120,7 @@ def test_shards_split_the_documents_without_overlap(tmp_path):
 
 def test_streaming_processes_need_a_multiple_of_their_count_in_shards(tmp_path, tokenizer):
     documents = load_documents(
-        TrainingArguments(
+        TrainRunArguments(
             train_file=str(write_jsonl(tmp_path / "t.jsonl")), output_dir="u", max_steps=1, streaming=True
         )
     )
@@ -135,7 +135,7 @@ def test_streaming_processes_need_a_multiple_of_their_count_in_shards(tmp_path, 
 def test_processes_split_the_global_stream_of_any_shard_count(tmp_path, tokenizer, shards):
     """From an Arrow data set, process r of W takes rows r, r + W, ... of the 1-process stream, however many shards."""
     documents = load_documents(
-        TrainingArguments(train_file=str(write_jsonl(tmp_path / "t.jsonl")), output_dir="u", max_steps=1)
+        TrainRunArguments(train_file=str(write_jsonl(tmp_path / "t.jsonl")), output_dir="u", max_steps=1)
     )
 
     def first_rows(rank: int, world: int, count: int) -> list[list[int]]:

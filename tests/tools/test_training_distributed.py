@@ -19,7 +19,7 @@ from conftest import TOKENIZER_TEXT, write_training_corpus
 
 from gated_qwen.cli import main
 from gated_qwen.tools.training import PackedRows, load_documents, train_tokenizer
-from gated_qwen.tools.training_args import TrainingArguments
+from gated_qwen.tools.training.arguments import TrainRunArguments
 
 
 pytestmark = pytest.mark.slow
@@ -207,7 +207,7 @@ def test_resume_with_one_process_at_the_same_global_batch_continues_the_same_row
 
 
 def test_each_process_reads_distinct_rows_that_make_up_the_one_process_batch(corpus):
-    args = TrainingArguments(train_file=str(corpus), output_dir="unused", max_steps=1, seq_len=32)
+    args = TrainRunArguments(train_file=str(corpus), output_dir="unused", max_steps=1, seq_len=32)
     documents = load_documents(args)
     tokenizer = train_tokenizer(TOKENIZER_TEXT * 4, vocab_size=300)
 

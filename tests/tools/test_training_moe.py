@@ -17,7 +17,7 @@ from transformers import AutoTokenizer, Qwen3MoeForCausalLM
 
 from gated_qwen.models.layout import split_query_and_gate
 from gated_qwen.models.qwen3_moe_gated.modeling_qwen3_moe_gated import Qwen3MoeGatedForCausalLM
-from gated_qwen.tools.training import TrainingArguments, load_initial_model, train
+from gated_qwen.tools.training import TrainRunArguments, load_initial_model, train
 from gated_qwen.tools.training.data import PackedRows, load_documents
 from gated_qwen.tools.training.reporting import evaluate
 from gated_qwen.transforms.conversion import convert_qwen3_to_gated
@@ -34,7 +34,7 @@ def stock_moe_source(tmp_path_factory) -> Path:
     return write_stock_moe_checkpoint(tmp_path_factory.mktemp("stock_moe_train"))
 
 
-def moe_args(corpus: Path, out: Path, **overrides) -> TrainingArguments:
+def moe_args(corpus: Path, out: Path, **overrides) -> TrainRunArguments:
     values = {
         "train_file": str(corpus),
         "heldout_file": str(corpus),
@@ -50,7 +50,7 @@ def moe_args(corpus: Path, out: Path, **overrides) -> TrainingArguments:
         "threads": 1,
         "progress": False,
     }
-    return TrainingArguments(**{**values, **overrides})
+    return TrainRunArguments(**{**values, **overrides})
 
 
 def read_log(folder: Path) -> list[dict]:
@@ -65,7 +65,7 @@ def load_gated(folder: Path) -> Qwen3MoeGatedForCausalLM:
     return Qwen3MoeGatedForCausalLM.from_pretrained(folder, dtype=torch.float32)
 
 
-def heldout(args: TrainingArguments, tokenizer) -> torch.Tensor:
+def heldout(args: TrainRunArguments, tokenizer) -> torch.Tensor:
     from gated_qwen.tools.training.data import read_heldout_rows
 
     return read_heldout_rows(args, tokenizer)
@@ -191,7 +191,7 @@ def aux_sources(tmp_path: Path, stock: Path, coef: float) -> dict[bool, Path]:
     return sources
 
 
-def first_aux_losses(args: TrainingArguments, micro_batches: int, rank: int = 0, world_size: int = 1) -> list[float]:
+def first_aux_losses(args: TrainRunArguments, micro_batches: int, rank: int = 0, world_size: int = 1) -> list[float]:
     """The starting model's load-balancing loss on each of the first ``micro_batches`` batches of this process."""
     tokenizer = AutoTokenizer.from_pretrained(args.init_from)
     rows = iter(
@@ -338,7 +338,7 @@ def test_a_stock_moe_config_with_gate_trains_as_the_gated_moe(corpus, tmp_path):
 
 
 def test_an_invalid_moe_config_is_refused_naming_the_family(corpus, tmp_path):
-    from gated_qwen.tools.training_args import TrainingError
+    from gated_qwen.tools.training.arguments import TrainingError
 
     (tmp_path / "bad.json").write_text(json.dumps(tiny_moe_config_dict(num_experts=2, num_experts_per_tok=3)))
     with pytest.raises(TrainingError, match="not a valid Qwen3MoeGated config.*num_experts_per_tok"):

@@ -83,7 +83,7 @@ class Qwen3GatedAttention(Qwen3Attention):
     # a release name one, this condition makes `kernelize` skip the gated attention (docs/compatibility.md).
     kernel_condition = staticmethod(lambda module: False)
 
-    # Hook point for causal ablations (set and reset by gated_qwen.tools.analysis.override_gates): maps the
+    # Hook point for causal ablations (set and reset by gated_qwen.tools.analysis.gates.override_gates): maps the
     # gate after its activation, (B, T, heads, width) as at its position, to the gate to apply. None leaves it.
     gate_override: Callable[[torch.Tensor], torch.Tensor] | None = None
 

@@ -35,36 +35,43 @@ comparison, whatever the number of processes each ran on.
 
 from __future__ import annotations
 
-from ..training_args import TrainingArguments, TrainingError, TrainRunArguments
-from .checkpoints import latest_checkpoint, load_experts_as_saved, read_checkpoint
-from .data import (
-    EOS_TOKEN,
-    PAD_TOKEN,
-    PackedBatches,
-    PackedRows,
-    heldout_rows,
-    load_documents,
-    pack_documents,
-    read_documents,
-    read_heldout_rows,
-    train_tokenizer,
-)
-from .groups import (
-    QueryAndGateRows,
-    gate_parameter_groups,
-    merge_gate_rows,
-    parameter_groups,
-    separate_gate_rows,
-)
-from .model_init import (
-    build_config,
-    check_arguments,
-    check_model_options,
-    load_initial_model,
-    read_init_config,
-)
-from .reporting import LOG_FIELDS, evaluate, plot_losses, unigram_perplexity
-from .trainer import GatedTrainer, train
+from importlib import import_module
+
+
+# public name -> the module that defines it, imported on first access (PEP 562): the torch-free .arguments
+# (``gated-qwen train --help``) imports this package without importing torch
+_LAZY = {
+    "EOS_TOKEN": "data",
+    "GatedTrainer": "trainer",
+    "LOG_FIELDS": "reporting",
+    "PAD_TOKEN": "data",
+    "PackedRows": "data",
+    "QueryAndGateRows": "groups",
+    "TrainRunArguments": "arguments",
+    "TrainingError": "arguments",
+    "build_config": "model_init",
+    "check_arguments": "model_init",
+    "check_model_options": "model_init",
+    "evaluate": "reporting",
+    "gate_parameter_groups": "groups",
+    "heldout_rows": "data",
+    "latest_checkpoint": "checkpoints",
+    "load_documents": "data",
+    "load_experts_as_saved": "checkpoints",
+    "load_initial_model": "model_init",
+    "merge_gate_rows": "groups",
+    "pack_documents": "data",
+    "parameter_groups": "groups",
+    "plot_losses": "reporting",
+    "read_checkpoint": "checkpoints",
+    "read_documents": "data",
+    "read_heldout_rows": "data",
+    "read_init_config": "model_init",
+    "separate_gate_rows": "groups",
+    "train": "trainer",
+    "train_tokenizer": "data",
+    "unigram_perplexity": "reporting",
+}
 
 
 __all__ = [
@@ -72,11 +79,9 @@ __all__ = [
     "LOG_FIELDS",
     "PAD_TOKEN",
     "GatedTrainer",
-    "PackedBatches",
     "PackedRows",
     "QueryAndGateRows",
     "TrainRunArguments",
-    "TrainingArguments",
     "TrainingError",
     "build_config",
     "check_arguments",
@@ -101,3 +106,13 @@ __all__ = [
     "train_tokenizer",
     "unigram_perplexity",
 ]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

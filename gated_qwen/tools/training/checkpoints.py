@@ -14,7 +14,7 @@ import pickle
 from pathlib import Path
 
 from ...checkpoint.outputs import OutputError, OutputFolder, resolve_destination
-from ..training_args import RUN_DATA_KEYS, TrainingError, TrainRunArguments
+from .arguments import RUN_DATA_KEYS, TrainingError, TrainRunArguments
 
 
 RUN_STATE = "run_state.json"  # ours, written after Trainer's files: a checkpoint without it is unfinished
@@ -79,7 +79,7 @@ def read_checkpoint(checkpoint: str | Path) -> dict:
     >>> read_checkpoint(checkpoint)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    gated_qwen.tools.training_args.TrainingError: ...checkpoint-400 has no scheduler.pt; it is not a whole ...
+    gated_qwen.tools.training.arguments.TrainingError: ...checkpoint-400 has no scheduler.pt; it is not a whole ...
     >>> folder.cleanup()
     """
     import torch
@@ -110,7 +110,7 @@ def read_checkpoint(checkpoint: str | Path) -> dict:
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
             raise TrainingError(
                 f"{checkpoint / name} is not readable JSON ({error}); it is damaged: {advice}"
-            ) from None
+            ) from error
     state = json.loads((checkpoint / RUN_STATE).read_text(encoding="utf-8"))
     if not isinstance(state, dict) or not {"step", "tokens", "elapsed_s", "args", "num_processes"} <= state.keys():
         raise TrainingError(
@@ -126,13 +126,13 @@ def read_checkpoint(checkpoint: str | Path) -> dict:
                     torch.load(path, map_location="cpu", weights_only=True, mmap=True)
         except pickle.UnpicklingError as error:
             if "weights only" not in str(error).lower():
-                raise TrainingError(f"{path} is damaged or truncated ({type(error).__name__}); {advice}") from None
+                raise TrainingError(f"{path} is damaged or truncated ({type(error).__name__}); {advice}") from error
             raise TrainingError(
                 f"{path} holds more than plain tensors (a pickle that would run code or build arbitrary objects); "
                 f"it was not loaded. Use checkpoints this package wrote: {advice}"
-            ) from None
+            ) from error
         except Exception as error:  # safetensors, zip and pickle readers raise several types
-            raise TrainingError(f"{path} is damaged or truncated ({_first_sentence(error)}); {advice}") from None
+            raise TrainingError(f"{path} is damaged or truncated ({_first_sentence(error)}); {advice}") from error
     return state
 
 
@@ -256,7 +256,7 @@ def output_folder(args: TrainRunArguments, checkpoint: Path | None) -> OutputFol
             advice = "it holds no checkpoint to resume from: pass --overwrite to replace it, or choose another --out"
         return OutputFolder(out, overwrite=args.overwrite, advice=advice)
     except OutputError as error:
-        raise TrainingError(str(error)) from None
+        raise TrainingError(str(error)) from error
 
 
 __all__ = [

@@ -41,7 +41,7 @@ from pathlib import Path
 
 import torch
 
-from ..training_args import TrainingError, TrainRunArguments
+from .arguments import TrainingError, TrainRunArguments
 
 
 EOS_TOKEN = "<|endoftext|>"
@@ -107,10 +107,10 @@ def load_documents(args: TrainRunArguments, heldout: bool = False, streaming: bo
     """
     try:
         import datasets
-    except ImportError:
+    except ImportError as error:
         raise TrainingError(
             "training reads its text with Hugging Face datasets: pip install 'gated-qwen[train]'"
-        ) from None
+        ) from error
 
     streaming = args.streaming if streaming is None else streaming
     if heldout:
@@ -139,14 +139,14 @@ def load_documents(args: TrainRunArguments, heldout: bool = False, streaming: bo
     except TrainingError:
         raise
     except Exception as error:  # datasets raises many types (file not found, builder and parse errors)
-        raise reading_error(args, error, heldout) from None
+        raise reading_error(args, error, heldout) from error
     field = "text" if spec is not None and builder == "text" else args.text_field
     columns = documents.column_names
     if columns is None:  # a stream whose features datasets does not know before reading: the first document says
         try:
             first = next(iter(documents.take(1)), None)
         except Exception as error:  # a parse error in the first lines
-            raise reading_error(args, error, heldout) from None
+            raise reading_error(args, error, heldout) from error
         columns = list(first) if first is not None else None
     if columns is not None and field not in columns:
         raise TrainingError(
@@ -421,8 +421,8 @@ def read_documents(path: str | Path) -> list[str]:
             continue
         try:
             documents.append(json.loads(line)["text"])
-        except (json.JSONDecodeError, KeyError, TypeError):
-            raise TrainingError(f'{path}:{number} is not a JSON object with a "text" field') from None
+        except (json.JSONDecodeError, KeyError, TypeError) as error:
+            raise TrainingError(f'{path}:{number} is not a JSON object with a "text" field') from error
     if not documents:
         raise TrainingError(f"{path} holds no documents")
     return documents
@@ -473,47 +473,6 @@ def pack_documents(documents: list[str], tokenizer) -> torch.Tensor:
     return torch.tensor(ids, dtype=torch.long)
 
 
-class PackedBatches:
-    """Fixed-length rows of a token stream, in an order fixed by the seed; batch ``step`` is a pure function.
-
-    The stream is cut into ``len // seq_len`` non-overlapping rows. Each pass over them (an epoch) is a
-    permutation drawn from ``seed + epoch``, and global batch ``step`` takes the next ``global_batch`` rows
-    of that sequence, so resuming at a step needs no iterator state, and any two runs with the same
-    seed, data and batch shape see the same rows in the same order.
-
-    >>> data = PackedBatches(torch.arange(40), seq_len=4, global_batch=2, seed=0)
-    >>> data.batch(0).shape, len(data)
-    (torch.Size([2, 4]), 10)
-    """
-
-    def __init__(self, stream: torch.Tensor, seq_len: int, global_batch: int, seed: int):
-        rows = len(stream) // seq_len
-        if rows < global_batch:
-            raise TrainingError(
-                f"the training text has {len(stream)} tokens, fewer than one batch of {global_batch} rows of "
-                f"{seq_len}; give more text or lower --batch-size / --seq-len"
-            )
-        self.rows = stream[: rows * seq_len].view(rows, seq_len)  # (N, T)
-        self.global_batch = global_batch
-        self.seed = seed
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def _order(self, epoch: int) -> torch.Tensor:
-        return torch.randperm(len(self.rows), generator=torch.Generator().manual_seed(self.seed + epoch))
-
-    def batch(self, step: int) -> torch.Tensor:
-        """The ``global_batch`` rows of global step ``step``: (global_batch, seq_len)."""
-        start = step * self.global_batch
-        picked = []
-        while len(picked) < self.global_batch:
-            epoch, offset = divmod(start + len(picked), len(self.rows))
-            order = self._order(epoch)
-            picked.extend(order[offset : offset + self.global_batch - len(picked)].tolist())
-        return self.rows[picked]
-
-
 def heldout_rows(stream: torch.Tensor, seq_len: int, max_rows: int | None = None) -> torch.Tensor:
     """The first ``max_rows`` non-overlapping rows of a held-out stream, in order: (N, seq_len)."""
     rows = len(stream) // seq_len
@@ -524,7 +483,6 @@ def heldout_rows(stream: torch.Tensor, seq_len: int, max_rows: int | None = None
 
 
 __all__ = [
-    "PackedBatches",
     "PackedRows",
     "heldout_rows",
     "iter_texts",

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from ..training_args import TrainingError
+from .arguments import TrainingError
 
 
 class QueryAndGateRows(torch.nn.Module):
@@ -169,10 +169,10 @@ def gate_parameter_groups(
 
 
 def parameter_groups(model, args) -> list[dict]:
-    """:func:`gate_parameter_groups` with the options of a :class:`~gated_qwen.tools.training_args.TrainRunArguments`.
+    """:func:`gate_parameter_groups` with the options of a :class:`~gated_qwen.tools.training.arguments.TrainRunArguments`.
 
     >>> from gated_qwen import Qwen3GatedConfig, Qwen3GatedForCausalLM
-    >>> from gated_qwen.tools.training_args import TrainRunArguments
+    >>> from gated_qwen.tools.training.arguments import TrainRunArguments
     >>> model = Qwen3GatedForCausalLM(Qwen3GatedConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
     ...     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8, gate_type="headwise",
     ...     qkv_bias=True))

@@ -18,7 +18,7 @@ from ...models.auto import causal_lm_class
 from ...models.qwen3_gated.configuration_qwen3_gated import Qwen3GatedConfig
 from ...models.qwen3_moe_gated.configuration_qwen3_moe_gated import Qwen3MoeGatedConfig
 from ...utils.names import GATE_VARIANT_DEFAULTS
-from ..training_args import TRAINABLE, TrainingError, TrainRunArguments
+from .arguments import TRAINABLE, TrainingError, TrainRunArguments
 
 
 def _config_values(args: TrainRunArguments) -> dict:
@@ -32,7 +32,7 @@ def _config_values(args: TrainRunArguments) -> dict:
         try:
             values = json.loads(path.read_text())
         except json.JSONDecodeError as error:
-            raise TrainingError(f"config {path} is not valid JSON: {error}") from None
+            raise TrainingError(f"config {path} is not valid JSON: {error}") from error
     values.pop("architectures", None)
     if args.gate is not None:
         from ...models.layout import GATE_TYPES
@@ -77,7 +77,9 @@ def _make_config(args: TrainRunArguments, values: dict) -> Qwen3GatedConfig | Qw
     except (TypeError, ValueError) as error:
         family = "Qwen3MoeGated" if config_class is Qwen3MoeGatedConfig else "Qwen3Gated"
         reason = " ".join(str(error).split())
-        raise TrainingError(f"config {args.config or '(defaults)'} is not a valid {family} config: {reason}") from None
+        raise TrainingError(
+            f"config {args.config or '(defaults)'} is not a valid {family} config: {reason}"
+        ) from error
 
 
 def check_arguments(args: TrainRunArguments) -> None:
@@ -86,7 +88,7 @@ def check_arguments(args: TrainRunArguments) -> None:
     >>> check_arguments(TrainRunArguments(train_file="t.jsonl", output_dir="o", max_steps=1, gate_init="random"))
     Traceback (most recent call last):
     ...
-    gated_qwen.tools.training_args.TrainingError: --init says how --gate converts the --init-from checkpoint; give --init-from and --gate with it, or leave --init out
+    gated_qwen.tools.training.arguments.TrainingError: --init says how --gate converts the --init-from checkpoint; give --init-from and --gate with it, or leave --init out
     """
     from ...utils.names import CONVERSION_INITS as INITS
 
@@ -153,7 +155,7 @@ def read_init_config(args: TrainRunArguments) -> Qwen3GatedConfig | Qwen3MoeGate
         if isinstance(error, GatedQwenError):
             raise
         reason = " ".join(str(error).split())
-        raise TrainingError(f"cannot read the config of {source}: {reason}") from None
+        raise TrainingError(f"cannot read the config of {source}: {reason}") from error
     if args.gate is not None:
         if config.gate_type != "none":
             raise TrainingError(
@@ -166,7 +168,7 @@ def read_init_config(args: TrainRunArguments) -> Qwen3GatedConfig | Qwen3MoeGate
                 setattr(config, key, value)
             config.validate()
         except ValueError as error:
-            raise TrainingError(f"--gate {args.gate}: {' '.join(str(error).split())}") from None
+            raise TrainingError(f"--gate {args.gate}: {' '.join(str(error).split())}") from error
         from ...transforms.conversion import check_identity_init
 
         check_identity_init(config, args.gate_init or "identity")  # before any weight is read
@@ -182,7 +184,7 @@ def check_model_options(args: TrainRunArguments) -> None:
     >>> check_model_options(TrainRunArguments(train_file="t.jsonl", output_dir="o", max_steps=1, gate="none", gate_lr_scale=10))
     Traceback (most recent call last):
     ...
-    gated_qwen.tools.training_args.TrainingError: the model has no gate, so --gate-lr-scale has nothing to scale; choose a gate with --gate, or leave --gate-lr-scale out
+    gated_qwen.tools.training.arguments.TrainingError: the model has no gate, so --gate-lr-scale has nothing to scale; choose a gate with --gate, or leave --gate-lr-scale out
     """
     if args.init_from:
         read_init_config(args)

@@ -1,16 +1,23 @@
-"""What a run reports: held-out loss and perplexity, the unigram floor, ``log.csv`` and ``loss.png``."""
+"""What a run reports: held-out loss and perplexity, the unigram floor, ``log.csv`` and ``loss.png``, written as
+Trainer runs by :class:`RunCallback` (which also saves the run state in every checkpoint)."""
 
 from __future__ import annotations
 
 import csv
+import dataclasses
+import json
 import math
 import statistics
+import time
 from pathlib import Path
 
 import torch
+from transformers import TrainerCallback
 
-from ...checkpoint.outputs import output_file
+from ...checkpoint.outputs import output_file, write_text
 from ...errors import GatedQwenError
+from .arguments import TrainRunArguments
+from .checkpoints import RUN_STATE
 
 
 LOG_FIELDS = ("step", "tokens", "lr", "train_loss", "heldout_loss", "heldout_ppl", "tokens_per_s", "elapsed_s")
@@ -113,8 +120,8 @@ def plot_losses(log_path: str | Path, png_path: str | Path) -> Path:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-    except ImportError:
-        raise GatedQwenError("plotting needs matplotlib: pip install 'gated-qwen[plot]'") from None
+    except ImportError as error:
+        raise GatedQwenError("plotting needs matplotlib: pip install 'gated-qwen[plot]'") from error
     rows = list(csv.DictReader(Path(log_path).open()))
     figure, axes = plt.subplots(figsize=(6, 4))
     for field, label in (("train_loss", "train"), ("heldout_loss", "held-out")):
@@ -154,7 +161,121 @@ def truncate_log(log_path: Path, step: int) -> None:
         writer.writerows(r for r in rows if int(r["step"]) <= step)
 
 
+class RunCallback(TrainerCallback):
+    """Held-out loss every ``eval_every`` steps, a ``log.csv`` row per step, ``run_state.json`` in every checkpoint."""
+
+    def __init__(
+        self,
+        args: TrainRunArguments,
+        heldout,
+        out: Path,
+        num_processes: int,
+        data_shards: int,
+        is_main: bool,
+        state: dict | None,
+    ):
+        self.args, self.heldout, self.out = args, heldout, out
+        self.num_processes, self.data_shards, self.is_main = num_processes, data_shards, is_main
+        self.train_loss = state.get("train_loss") if state else None
+        self.last_eval = state.get("heldout") if state else None
+        self.elapsed_before = state["elapsed_s"] if state else 0.0
+        self.resumed = state is not None
+        # older checkpoints have no loss history: their spikes are counted from the resumed step on
+        self.spikes = LossSpikes(
+            state.get("loss_history") if state else None, state.get("loss_spike_steps") if state else None
+        )
+        self.start = self.window_start = time.perf_counter()
+        self.window_steps = 0
+        self.pending_eval = None
+
+    @property
+    def elapsed(self) -> float:
+        return self.elapsed_before + time.perf_counter() - self.start
+
+    def tokens(self, step: int) -> int:
+        return step * self.args.tokens_per_step(self.num_processes)
+
+    def _evaluate(self, model) -> dict:
+        return evaluate(model, self.heldout, self.args.batch_size)
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        self.start = self.window_start = time.perf_counter()
+        if self.heldout is not None and not self.resumed:
+            result = self._evaluate(model)
+            if self.is_main:
+                append_log_row(
+                    self.out / "log.csv",
+                    {
+                        "step": 0,
+                        "tokens": 0,
+                        "heldout_loss": f"{result['loss']:.5f}",
+                        "heldout_ppl": f"{result['ppl']:.3f}",
+                    },
+                )
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        self.window_steps += 1
+        step = state.global_step
+        if self.heldout is not None and (step % self.args.eval_every == 0 or step == state.max_steps):
+            now = time.perf_counter()
+            self.pending_eval = self._evaluate(model)
+            self.last_eval = self.pending_eval
+            self.eval_seconds = time.perf_counter() - now
+
+    def on_log(self, args, state, control, logs=None, optimizer=None, lr_scheduler=None, **kwargs):
+        if not logs or "loss" not in logs:
+            return
+        step = state.global_step
+        self.train_loss = logs["loss"]
+        self.spikes.add(step, self.train_loss)
+        now = time.perf_counter()
+        seconds = now - self.window_start - (self.eval_seconds if self.pending_eval is not None else 0.0)
+        tokens_per_s = self.window_steps * self.args.tokens_per_step(self.num_processes) / max(seconds, 1e-9)
+        # the base rate (--lr, scheduled); the first group may be the gate rows at lr * gate_lr_scale
+        lr = lr_scheduler.get_last_lr()[0] / optimizer.param_groups[0].get("lr_scale", 1.0)
+        row = {
+            "step": step,
+            "tokens": self.tokens(step),
+            "lr": f"{lr:.6g}",
+            "train_loss": f"{self.train_loss:.5f}",
+            "tokens_per_s": f"{tokens_per_s:.1f}",
+            "elapsed_s": f"{self.elapsed:.1f}",
+        }
+        if self.pending_eval is not None:
+            row.update(heldout_loss=f"{self.pending_eval['loss']:.5f}", heldout_ppl=f"{self.pending_eval['ppl']:.3f}")
+            if self.args.progress and self.is_main:
+                print(
+                    f"step {step}: held-out loss {self.pending_eval['loss']:.4f}, ppl {self.pending_eval['ppl']:.2f}",
+                    flush=True,
+                )
+            self.pending_eval = None
+        if self.is_main:
+            append_log_row(self.out / "log.csv", row)
+        self.window_start, self.window_steps = time.perf_counter(), 0
+
+    def run_state(self, step: int) -> dict:
+        return {
+            "step": step,
+            "tokens": self.tokens(step),
+            "elapsed_s": self.elapsed,
+            "train_loss": self.train_loss,
+            "heldout": self.last_eval,
+            "num_processes": self.num_processes,
+            "rows_per_step": self.args.rows_per_step(self.num_processes),
+            "data_shards": self.data_shards,
+            "loss_history": self.spikes.history,
+            "loss_spike_steps": self.spikes.steps,
+            "args": dataclasses.asdict(self.args),
+        }
+
+    def on_save(self, args, state, control, **kwargs):
+        if self.is_main:  # after Trainer's files: a checkpoint without it is one a killed run did not finish
+            folder = self.out / f"checkpoint-{state.global_step}"
+            write_text(folder / RUN_STATE, json.dumps(self.run_state(state.global_step), indent=2) + "\n")
+
+
 __all__ = [
+    "RunCallback",
     "LOG_FIELDS",
     "SPIKE_FACTOR",
     "SPIKE_MIN_HISTORY",

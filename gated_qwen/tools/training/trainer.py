@@ -4,7 +4,7 @@ Trainer brings data parallelism (DDP; FSDP and DeepSpeed on GPUs), gradient accu
 gradient checkpointing, the schedule (stepped once per optimizer step, whatever the process count),
 checkpoints, resume and logging integrations. :class:`GatedTrainer` adds the gate parameter groups
 (:func:`.groups.gate_parameter_groups`) and rows packed on the fly and sharded across processes
-(:class:`.data.PackedRows`); :class:`RunCallback` the held-out evaluation, ``log.csv`` and the run state
+(:class:`.data.PackedRows`); :class:`.reporting.RunCallback` the held-out evaluation, ``log.csv`` and the run state
 saved with every checkpoint; :func:`train` the model to start from (new, or ``--init-from`` converted on
 the fly), the checks made before anything is written, ``final/``, ``summary.json`` and ``loss.png``.
 """
@@ -16,17 +16,16 @@ import json
 import os
 import re
 import sys
-import time
 from pathlib import Path
 
 import torch
-from transformers import Trainer, TrainerCallback
+from transformers import Trainer
 from transformers.utils import logging
 
 from ...checkpoint.outputs import OutputFolder, write_text
 from ...errors import GatedQwenError
-from ..training_args import DEFAULT_VOCAB_SIZE, TrainingError, TrainRunArguments
 from . import checkpoints as ckpt
+from .arguments import DEFAULT_VOCAB_SIZE, TrainingError, TrainRunArguments
 from .data import (
     PackedRows,
     iter_texts,
@@ -36,7 +35,7 @@ from .data import (
 )
 from .groups import merge_gate_rows, parameter_groups
 from .model_init import build_config, check_arguments, check_model_options, load_initial_model
-from .reporting import LossSpikes, append_log_row, evaluate, plot_losses, truncate_log
+from .reporting import RunCallback, plot_losses, truncate_log
 
 
 logger = logging.get_logger(__name__)
@@ -103,30 +102,21 @@ class GatedTrainer(Trainer):
         """Trainer's loss, with an MoE's router auxiliary loss weighted ``router_aux_loss_coef`` per optimizer step.
 
         Qwen3-MoE returns ``cross-entropy + router_aux_loss_coef * aux_loss`` (when ``output_router_logits``), its
-        cross-entropy summed over the batch and divided by ``num_items_in_batch``, the tokens of the whole global
-        batch. For that cross-entropy Trainer neither divides by the accumulation steps nor lets DDP's averaging
-        stand (it multiplies by the process count); applied to the whole sum, that multiplies the auxiliary term's
-        weight by both (transformers issue #48690). Here each micro-batch's term is ``coef * aux_loss / steps``, so
-        the step optimises ``coef`` times the mean auxiliary loss of its micro-batches, whatever the accumulation
-        and the process count.
+        cross-entropy normalised by ``num_items_in_batch``, the labelled tokens of the whole accumulated batch, so
+        Trainer counts the loss as already scaled for gradient accumulation and does not divide it by the steps.
+        Applied to the whole sum, that weighs the auxiliary term ``coef`` in every micro-batch, ``steps`` times
+        over (transformers issue #48690). Here each micro-batch's term is ``coef * aux_loss / steps``, so the step
+        optimises ``coef`` times the mean auxiliary loss of its micro-batches; DDP's average over processes then
+        gives the mean over processes (tokens are not averaged across devices: see ``_hf_arguments``).
         """
         loss, outputs = super().compute_loss(model, inputs, return_outputs=True, num_items_in_batch=num_items_in_batch)
         aux_loss = outputs.get("aux_loss") if isinstance(outputs, dict) else None
-        if (
-            aux_loss is not None
-            and model.training
-            and self.model_accepts_loss_kwargs
-            and num_items_in_batch is not None
-        ):
-            # the factor Trainer.compute_loss multiplied the whole loss by, as it computes it
-            processes = 1
-            if self.args.average_tokens_across_devices:
-                processes = (
-                    self.accelerator.num_processes // self.get_tp_size() if self.args.n_gpu <= 1 else self.args.n_gpu
-                )
+        # Trainer's own test of a loss scaled for gradient accumulation (Trainer.training_step)
+        scaled_for_accumulation = self.model_accepts_loss_kwargs and num_items_in_batch is not None
+        if aux_loss is not None and model.training and scaled_for_accumulation:
             steps = getattr(self, "current_gradient_accumulation_steps", None) or self.args.gradient_accumulation_steps
             coef = self.accelerator.unwrap_model(model).router_aux_loss_coef
-            loss = loss + coef * aux_loss.to(loss.device) * (1.0 / steps - processes)
+            loss = loss - coef * aux_loss.to(loss.device) * (1.0 - 1.0 / steps)
         return (loss, outputs) if return_outputs else loss
 
     def get_train_dataloader(self):
@@ -136,119 +126,6 @@ class GatedTrainer(Trainer):
         return torch.utils.data.DataLoader(
             self.train_dataset, batch_size=self.args.train_batch_size, collate_fn=default_data_collator
         )
-
-
-class RunCallback(TrainerCallback):
-    """Held-out loss every ``eval_every`` steps, a ``log.csv`` row per step, ``run_state.json`` in every checkpoint."""
-
-    def __init__(
-        self,
-        args: TrainRunArguments,
-        heldout,
-        out: Path,
-        num_processes: int,
-        data_shards: int,
-        is_main: bool,
-        state: dict | None,
-    ):
-        self.args, self.heldout, self.out = args, heldout, out
-        self.num_processes, self.data_shards, self.is_main = num_processes, data_shards, is_main
-        self.train_loss = state.get("train_loss") if state else None
-        self.last_eval = state.get("heldout") if state else None
-        self.elapsed_before = state["elapsed_s"] if state else 0.0
-        self.resumed = state is not None
-        # older checkpoints have no loss history: their spikes are counted from the resumed step on
-        self.spikes = LossSpikes(
-            state.get("loss_history") if state else None, state.get("loss_spike_steps") if state else None
-        )
-        self.start = self.window_start = time.perf_counter()
-        self.window_steps = 0
-        self.pending_eval = None
-
-    @property
-    def elapsed(self) -> float:
-        return self.elapsed_before + time.perf_counter() - self.start
-
-    def tokens(self, step: int) -> int:
-        return step * self.args.tokens_per_step(self.num_processes)
-
-    def _evaluate(self, model) -> dict:
-        return evaluate(model, self.heldout, self.args.batch_size)
-
-    def on_train_begin(self, args, state, control, model=None, **kwargs):
-        self.start = self.window_start = time.perf_counter()
-        if self.heldout is not None and not self.resumed:
-            result = self._evaluate(model)
-            if self.is_main:
-                append_log_row(
-                    self.out / "log.csv",
-                    {
-                        "step": 0,
-                        "tokens": 0,
-                        "heldout_loss": f"{result['loss']:.5f}",
-                        "heldout_ppl": f"{result['ppl']:.3f}",
-                    },
-                )
-
-    def on_step_end(self, args, state, control, model=None, **kwargs):
-        self.window_steps += 1
-        step = state.global_step
-        if self.heldout is not None and (step % self.args.eval_every == 0 or step == state.max_steps):
-            now = time.perf_counter()
-            self.pending_eval = self._evaluate(model)
-            self.last_eval = self.pending_eval
-            self.eval_seconds = time.perf_counter() - now
-
-    def on_log(self, args, state, control, logs=None, optimizer=None, lr_scheduler=None, **kwargs):
-        if not logs or "loss" not in logs:
-            return
-        step = state.global_step
-        self.train_loss = logs["loss"]
-        self.spikes.add(step, self.train_loss)
-        now = time.perf_counter()
-        seconds = now - self.window_start - (self.eval_seconds if self.pending_eval is not None else 0.0)
-        tokens_per_s = self.window_steps * self.args.tokens_per_step(self.num_processes) / max(seconds, 1e-9)
-        # the base rate (--lr, scheduled); the first group may be the gate rows at lr * gate_lr_scale
-        lr = lr_scheduler.get_last_lr()[0] / optimizer.param_groups[0].get("lr_scale", 1.0)
-        row = {
-            "step": step,
-            "tokens": self.tokens(step),
-            "lr": f"{lr:.6g}",
-            "train_loss": f"{self.train_loss:.5f}",
-            "tokens_per_s": f"{tokens_per_s:.1f}",
-            "elapsed_s": f"{self.elapsed:.1f}",
-        }
-        if self.pending_eval is not None:
-            row.update(heldout_loss=f"{self.pending_eval['loss']:.5f}", heldout_ppl=f"{self.pending_eval['ppl']:.3f}")
-            if self.args.progress and self.is_main:
-                print(
-                    f"step {step}: held-out loss {self.pending_eval['loss']:.4f}, ppl {self.pending_eval['ppl']:.2f}",
-                    flush=True,
-                )
-            self.pending_eval = None
-        if self.is_main:
-            append_log_row(self.out / "log.csv", row)
-        self.window_start, self.window_steps = time.perf_counter(), 0
-
-    def run_state(self, step: int) -> dict:
-        return {
-            "step": step,
-            "tokens": self.tokens(step),
-            "elapsed_s": self.elapsed,
-            "train_loss": self.train_loss,
-            "heldout": self.last_eval,
-            "num_processes": self.num_processes,
-            "rows_per_step": self.args.rows_per_step(self.num_processes),
-            "data_shards": self.data_shards,
-            "loss_history": self.spikes.history,
-            "loss_spike_steps": self.spikes.steps,
-            "args": dataclasses.asdict(self.args),
-        }
-
-    def on_save(self, args, state, control, **kwargs):
-        if self.is_main:  # after Trainer's files: a checkpoint without it is one a killed run did not finish
-            folder = self.out / f"checkpoint-{state.global_step}"
-            write_text(folder / ckpt.RUN_STATE, json.dumps(self.run_state(state.global_step), indent=2) + "\n")
 
 
 def _precision(args: TrainRunArguments) -> bool:
@@ -328,15 +205,12 @@ def _hf_arguments(args: TrainRunArguments, total_steps: int, num_processes: int)
         **{
             k: v
             for k, v in dict(
-                output_dir=args.output_dir,
+                # the options TrainRunArguments passes as they are (metadata trainer=True), then those it translates
+                **{f.name: getattr(args, f.name) for f in dataclasses.fields(args) if f.metadata.get("trainer")},
                 per_device_train_batch_size=args.batch_size,
-                gradient_accumulation_steps=args.gradient_accumulation_steps,
                 max_steps=total_steps,
-                learning_rate=args.learning_rate,
-                weight_decay=args.weight_decay,
                 adam_beta1=args.adam_betas[0],
                 adam_beta2=args.adam_betas[1],
-                max_grad_norm=args.max_grad_norm,
                 lr_scheduler_type="cosine_with_min_lr",
                 lr_scheduler_kwargs={"min_lr_rate": args.min_lr_rate},
                 warmup_steps=min(args.warmup_steps, total_steps),
@@ -344,15 +218,16 @@ def _hf_arguments(args: TrainRunArguments, total_steps: int, num_processes: int)
                 logging_steps=1,
                 save_strategy="steps",
                 save_steps=args.save_every or total_steps,
-                seed=args.seed,
                 bf16=_precision(args),
                 **{checkpointing: args.gradient_checkpointing},
                 fsdp=args.fsdp or "",
                 fsdp_config=fsdp_config,
-                deepspeed=args.deepspeed,
-                report_to=args.report_to,
                 disable_tqdm=not args.progress,
                 remove_unused_columns=False,
+                # Every process's rows are packed, their labelled tokens equal in number, so the mean loss of each,
+                # averaged by DDP, is the global mean: Trainer need not rescale by the process count, which would
+                # rescale an MoE's auxiliary term too (GatedTrainer.compute_loss)
+                average_tokens_across_devices=False,
                 ddp_find_unused_parameters=False,
                 dataloader_num_workers=0,
                 # several processes on a machine without CUDA: without use_cpu, transformers sees no distributed mode
@@ -444,7 +319,7 @@ def _load_run_tokenizer(args: TrainRunArguments, run: _Run):
         except Exception as error:  # a damaged tokenizer.json raises the tokenizers library's own errors
             raise TrainingError(
                 f"cannot load the tokenizer in {source} ({ckpt._first_sentence(error)}); it is damaged or not a tokenizer folder"
-            ) from None
+            ) from error
     if args.init_from:
         # --init-from keeps the model's own tokenizer: there is no "elsewhere" to point to
         return load_tokenizer(args.init_from, args.init_from_subfolder, args.init_from_revision, elsewhere=None)
@@ -465,7 +340,7 @@ def _read_rows(args: TrainRunArguments, run: _Run, documents, tokenizer):
     except TrainingError:
         raise
     except Exception as error:  # datasets' and pyarrow's parse errors, met while streaming the first rows
-        raise reading_error(args, error) from None
+        raise reading_error(args, error) from error
     return rows, heldout
 
 
@@ -554,7 +429,8 @@ def _load_weights(trainer: GatedTrainer, checkpoint: Path) -> None:
 def _run_trainer(run: _Run, trainer: GatedTrainer) -> int:
     """Train to the end (or, killed after its last checkpoint, only load it); the step reached."""
     if run.checkpoint is not None and run.step == run.total_steps:
-        # killed after its last checkpoint: nothing left to train (Trainer would take one more step)
+        # killed after its last checkpoint: nothing left to train. Trainer's own resume is not used here: resumed at
+        # its max_steps, Trainer (5.19 to 5.25) trains one step more (tests/tools/test_training.py, a finished run)
         _load_weights(trainer, Path(run.checkpoint))
         return run.step
     trainer.train(resume_from_checkpoint=str(run.checkpoint) if run.checkpoint is not None else None)
@@ -693,4 +569,4 @@ def train(args: TrainRunArguments, resume: str | Path | None = None) -> dict:
     return summary
 
 
-__all__ = ["GatedTrainer", "RunCallback", "check_scaling_options", "describe_scale", "train"]
+__all__ = ["GatedTrainer", "check_scaling_options", "describe_scale", "train"]

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
-from ..errors import GatedQwenError
+from ...errors import GatedQwenError
 
 
 ROPE_TYPES = ("yarn", "linear", "dynamic")

@@ -1,6 +1,6 @@
 """What ``gated-qwen bench`` measures (:class:`BenchmarkOptions`, the named sizes), importable without torch.
 
-Kept apart from :mod:`gated_qwen.tools.benchmark` so that ``gated-qwen bench --help`` shows the defaults at once.
+Kept apart from :mod:`gated_qwen.tools.benchmark.measure` so that ``gated-qwen bench --help`` shows the defaults at once.
 
 >>> BenchmarkOptions().size in SIZES
 True

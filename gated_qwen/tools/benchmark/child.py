@@ -1,6 +1,6 @@
 """One measured step of a benchmark, alone in a fresh Python process.
 
-``python -m gated_qwen.tools.benchmark_child STEP SRC DST [OPTIONS]`` runs STEP once (OPTIONS: a JSON object of
+``python -m gated_qwen.tools.benchmark.child STEP SRC DST [OPTIONS]`` runs STEP once (OPTIONS: a JSON object of
 the step's keyword arguments) and prints one JSON object:
 ``seconds`` (the step alone), ``peak_rss`` (the process's peak resident memory, imports included),
 ``import_peak_rss`` (the peak before the step: Python, torch and transformers) and what the step adds.
@@ -87,7 +87,7 @@ def run_step(step: str, src: str, dst: str = "", options: dict | None = None) ->
     >>> run_step("import-only", ".")["seconds"] < 1.0
     True
     """
-    from ..errors import GatedQwenError
+    from ...errors import GatedQwenError
 
     command = [sys.executable, "-m", __name__, step, src, dst, json.dumps(options or {})]
     process = subprocess.run(command, capture_output=True, text=True)

@@ -1,6 +1,6 @@
 """The arguments of a training run (:class:`TrainRunArguments`), importable without torch.
 
-Kept apart from :mod:`gated_qwen.tools.training` (as transformers keeps ``TrainingArguments`` apart from its
+Kept apart from :mod:`gated_qwen.tools.training.trainer` (as transformers keeps ``TrainingArguments`` apart from its
 ``Trainer``) so that ``gated-qwen train --help`` shows the defaults without importing torch.
 """
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from ..errors import GatedQwenError
-from ..utils.names import (
+from ...errors import GatedQwenError
+from ...utils.names import (
     CONVERSION_INITS,
     GATE_ACTIVATIONS,
     GATE_COMBINATIONS,
@@ -68,7 +68,8 @@ def _option(default=None, help: str = "", group: str = "run", **metadata):
     ``metadata`` keys, read by :func:`gated_qwen.cli.train.add_dataclass_arguments` (which follows transformers'
     ``HfArgumentParser``): ``help``, ``aliases`` (other spellings accepted), ``choices``, ``metavar``, ``group``
     (the help section), ``exclusive`` (a required mutually exclusive group), ``negatable`` (a bool with ``--no-``),
-    ``cli=False`` (not on the command line), ``at_least`` (the least value, checked whenever the arguments are made).
+    ``cli=False`` (not on the command line), ``at_least`` (the least value, checked whenever the arguments are made),
+    ``trainer=True`` (a field of transformers' ``TrainingArguments`` by the same name, passed to it as it is).
     """
     metadata = {"help": help, "group": group, **metadata}
     if default is dataclasses.MISSING:  # a field every run gives
@@ -84,8 +85,11 @@ class TrainRunArguments:
     """Everything one training run depends on; saved as ``train_args.json`` in the output folder.
 
     Named so as not to shadow transformers' ``TrainingArguments``, which :func:`gated_qwen.tools.training.train`
-    builds from it (``_hf_arguments``): a module using both needs no ``as``. Each field is also the definition of
-    its ``gated-qwen train`` option (its metadata: help, aliases, choices), from which the command line is derived.
+    builds from it (``_hf_arguments``): a module using both needs no ``as``. It holds what a gated run needs
+    beside Trainer's options (data, model, gate) and the Trainer options the command offers: those marked
+    ``trainer=True`` pass as they are, the others (batch size, schedule, precision, ...) are translated. Each
+    field is also the definition of its ``gated-qwen train`` option (its metadata: help, aliases, choices), from
+    which the command line is derived.
 
     >>> args = TrainRunArguments(train_file="train.jsonl", output_dir="runs/x", max_steps=10)
     >>> args.tokens_per_step(num_processes=1)
@@ -93,7 +97,7 @@ class TrainRunArguments:
     >>> TrainRunArguments(train_file="train.jsonl", output_dir="runs/x", max_steps=10, batch_size=0)
     Traceback (most recent call last):
     ...
-    gated_qwen.tools.training_args.TrainingError: --batch-size must be at least 1, not 0
+    gated_qwen.tools.training.arguments.TrainingError: --batch-size must be at least 1, not 0
     """
 
     # local .jsonl/.json/.parquet/.txt file(s), comma-separated; or None with `dataset`
@@ -104,7 +108,9 @@ class TrainRunArguments:
         group="data",
         exclusive="source",
     )
-    output_dir: str = _option(dataclasses.MISSING, help="output folder", aliases=["--out"], required=True)
+    output_dir: str = _option(
+        dataclasses.MISSING, help="output folder", aliases=["--out"], required=True, trainer=True
+    )
     heldout_file: str | None = _option(
         help="held-out text, same formats; evaluated every --eval-every steps", group="data"
     )
@@ -205,12 +211,14 @@ class TrainRunArguments:
     max_tokens: int | None = _option(
         help="token budget (sets the steps)", group="optimisation", exclusive="budget", at_least=1
     )
-    learning_rate: float = _option(3e-3, help="peak learning rate" + _DEFAULT, group="optimisation", aliases=["--lr"])
+    learning_rate: float = _option(
+        3e-3, help="peak learning rate" + _DEFAULT, group="optimisation", aliases=["--lr"], trainer=True
+    )
     min_lr_rate: float = _option(0.1, help="final lr / peak lr" + _DEFAULT, group="optimisation")
     warmup_steps: int = _option(100, help="linear warmup" + _DEFAULT, group="optimisation")
-    weight_decay: float = _option(0.1, help="AdamW weight decay" + _DEFAULT, group="optimisation")
+    weight_decay: float = _option(0.1, help="AdamW weight decay" + _DEFAULT, group="optimisation", trainer=True)
     adam_betas: tuple[float, float] = _option((0.9, 0.95), cli=False)
-    max_grad_norm: float = _option(1.0, help="gradient clipping" + _DEFAULT, group="optimisation")
+    max_grad_norm: float = _option(1.0, help="gradient clipping" + _DEFAULT, group="optimisation", trainer=True)
     # auto (bf16 on a GPU that has it, else fp32), bf16, fp32
     precision: str = _option(
         "auto",
@@ -228,6 +236,7 @@ class TrainRunArguments:
         group="optimisation",
         metavar="N",
         at_least=1,
+        trainer=True,
     )
     gradient_checkpointing: bool = _option(
         False, help="recompute activations in the backward pass", group="optimisation"
@@ -238,9 +247,13 @@ class TrainRunArguments:
         metavar="OPTIONS",
     )
     fsdp_config: str | None = _option(help="transformers' --fsdp_config: a JSON file or string", metavar="JSON")
-    deepspeed: str | None = _option(help="a DeepSpeed JSON config, as transformers' --deepspeed", metavar="JSON")
-    report_to: str = _option("none", help="where Trainer also logs: none, all, tensorboard, wandb, ..." + _DEFAULT)
-    seed: int = _option(0, help="weights and data order" + _DEFAULT, group="optimisation")
+    deepspeed: str | None = _option(
+        help="a DeepSpeed JSON config, as transformers' --deepspeed", metavar="JSON", trainer=True
+    )
+    report_to: str = _option(
+        "none", help="where Trainer also logs: none, all, tensorboard, wandb, ..." + _DEFAULT, trainer=True
+    )
+    seed: int = _option(0, help="weights and data order" + _DEFAULT, group="optimisation", trainer=True)
     threads: int | None = _option(help="torch CPU threads")
     overwrite: bool = _option(False, help="replace a non-empty --out")
     progress: bool = _option(True, help="a progress bar (--no-progress: none)", negatable=True)
@@ -297,16 +310,11 @@ class TrainRunArguments:
         return math.ceil(self.max_tokens / self.tokens_per_step(num_processes))
 
 
-# The name before TrainRunArguments, kept for scripts that import it (it shadowed transformers' TrainingArguments).
-TrainingArguments = TrainRunArguments
-
-
 __all__ = [
     "DEFAULT_VOCAB_SIZE",
     "PRECISIONS",
     "RUN_DATA_KEYS",
     "TRAINABLE",
     "TrainRunArguments",
-    "TrainingArguments",
     "TrainingError",
 ]
