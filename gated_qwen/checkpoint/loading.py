@@ -25,8 +25,7 @@ from ..errors import CheckpointError
 
 # From the modules that define them, not the package: a transformers import inside the package's __init__ can
 # import this module (through the registration hook) while the package is half initialised.
-from .formats import read_weight_file_header
-from .sources import HUB_KWARGS, resolve_weight_files
+from .formats import HUB_KWARGS, read_weight_file_header, resolve_weight_files
 from .validation import (
     check_layer_count,
     check_loaded_weights,

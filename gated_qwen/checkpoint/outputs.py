@@ -223,7 +223,7 @@ def resolve_destination(path: str | os.PathLike) -> Path:
     except (RuntimeError, OSError) as error:  # a link loop: RuntimeError before Python 3.13, OSError after
         raise OutputError(
             f"{given} cannot be resolved ({error}); it is a symbolic link that points to itself"
-        ) from None
+        ) from error
 
 
 def _shown(given: Path, resolved: Path) -> str:
@@ -342,7 +342,7 @@ class OutputFolder:
             self._remove_parents()
             raise OutputError(
                 f"cannot write {self.shown}: {error.strerror or error} ({error.filename or dst})"
-            ) from None
+            ) from error
         return self.path
 
     def _make_parents(self, parent: Path) -> None:
@@ -383,7 +383,7 @@ class OutputFolder:
                         raise
                     raise OutputError(
                         f"{self.shown} was created by someone else while this run wrote it; nothing was replaced"
-                    ) from None
+                    ) from error
             else:
                 self._move_in(staging, dst)
         except BaseException:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from ..errors import CheckpointError, WeightShapeMismatchError
 from ..models.layout import gate_heads_and_width, gate_type_for_rows, q_proj_rows
+from ..models.qwen3_moe_gated.configuration_qwen3_moe_gated import is_sparse_layer
 from .formats import TensorInfo
 
 
@@ -199,19 +200,11 @@ _EXPERT = re.compile(r"^mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weig
 FUSED_EXPERTS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
 
 
-def _is_sparse(config, layer: int) -> bool:  # transformers' Qwen3MoeDecoderLayer rule
-    return (
-        layer not in (config.mlp_only_layers or [])
-        and config.num_experts > 0
-        and (layer + 1) % config.decoder_sparse_step == 0
-    )
-
-
 def moe_shape(config, name: str) -> Expected | NoPlace | None:
     """The rule of the gated Qwen3-MoE decoder (and stock Qwen3-MoE, read as gate "none"): the dense rule,
     with the router and experts in the sparse layers and a dense MLP of ``intermediate_size`` elsewhere."""
     layer, local = split_layer_name(name)
-    if layer is None or not local.startswith("mlp.") or not _is_sparse(config, layer):
+    if layer is None or not local.startswith("mlp.") or not is_sparse_layer(config, layer):
         return dense_shape(config, name)  # a dense layer (mlp_only_layers) has a dense MLP and no experts
     hidden = Dim(config.hidden_size, _says(config, "hidden_size"))
     inner = Dim(config.moe_intermediate_size, _says(config, "moe_intermediate_size"))
@@ -239,7 +232,7 @@ def moe_layer_tensors(config, layer: int = 0, held: set[str] = frozenset()) -> d
     one tensor per expert and projection (as ``save_pretrained`` writes them) or the two fused tensors when the
     layer holds those. Bounded by what the layer holds: at most a few of the missing experts are named."""
     names = dense_layer_tensors(config)
-    if not _is_sparse(config, layer):
+    if not is_sparse_layer(config, layer):
         return names
     for local in ("mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"):
         del names[local]
