@@ -274,19 +274,27 @@ def _shown(shape) -> str:
     return "(" + ", ".join(map(str, shape)) + (",)" if len(shape) == 1 else ")")
 
 
-# torchao's safetensors layout (transformers' TorchAoHfQuantizer.serialized_names): a quantized parameter
-# "<module>.weight" is stored as its tensor subclass's parts, "<module>._weight_qdata", "<module>._weight_scale", ...
+# Each quantizer's safetensors layout, as its save_pretrained writes it. torchao (transformers'
+# TorchAoHfQuantizer.serialized_names): "<module>.weight" stored as its tensor subclass's parts,
+# "<module>._weight_qdata", "<module>._weight_scale", ... bitsandbytes 4-bit: "<module>.weight" packed
+# (two values a byte, as one column) beside its quant state, "<module>.weight.absmax", ".quant_map",
+# ".nested_absmax", ".nested_quant_map", ".quant_state.bitsandbytes__nf4" (or __fp4).
 _QUANTIZED_PART = re.compile(
     r"^(.+)\._(\w+?)_(?:qdata|scale_and_zero|per_tensor_scale|scale|zero_point|act_pre_scale)$"
+    r"|^(.+)\.(weight)\.(?:absmax|quant_map|nested_absmax|nested_quant_map|quant_state\.bitsandbytes__\w+)$"
 )
+# bitsandbytes 8-bit: "<module>.weight" as int8 in the weight's own shape, beside "<module>.SCB" (a scale per
+# row) and "<module>.weight_format": the weight is checked as any other, these two belong to it.
+_QUANTIZER_EXTRA = re.compile(r"^(.+)\.(?:SCB|weight_format)$")
 
 
 def quantized_parameters(tensors: Mapping[str, TensorInfo]) -> tuple[dict[str, TensorInfo], set[str]]:
-    """The tensors under the model's parameter names, and the names whose tensors a quantizer (torchao) owns.
+    """The tensors under the model's parameter names, and the names whose stored shape a quantizer owns.
 
-    A quantized parameter's parts become the one parameter, so that what the checkpoint holds is checked
-    as for any other; its entry is one part's header, whose shape is the quantizer's (packed formats store
-    another shape than the weight's): check it on the loaded model (:func:`loaded_shapes`).
+    A quantized parameter's parts (torchao, bitsandbytes 4-bit) become the one parameter, so that what the
+    checkpoint holds is checked as for any other; its entry is one part's header, whose shape is the
+    quantizer's (packed formats store another shape than the weight's): check it on the loaded model
+    (:func:`loaded_shapes`). bitsandbytes 8-bit stores the weight in its own shape: only its scales go.
 
     >>> qdata, scale = TensorInfo((36, 32), "I8"), TensorInfo((36, 1), "F32")  # int8 weight, one scale per row
     >>> quantized_parameters({"q_proj._weight_qdata": qdata, "q_proj._weight_scale": scale})
@@ -296,17 +304,21 @@ def quantized_parameters(tensors: Mapping[str, TensorInfo]) -> tuple[dict[str, T
     quantized: set[str] = set()
     for name, info in tensors.items():
         part = _QUANTIZED_PART.match(name)
-        if part is None:
+        if part is not None:
+            module, parameter = (part.group(1), part.group(2)) if part.group(1) else (part.group(3), part.group(4))
+            quantized.add(f"{module}.{parameter}")
+            plain.setdefault(f"{module}.{parameter}", info)
+        elif not ((extra := _QUANTIZER_EXTRA.match(name)) and f"{extra.group(1)}.weight" in tensors):
             plain[name] = info
-        else:
-            quantized.add(f"{part.group(1)}.{part.group(2)}")
-            plain.setdefault(f"{part.group(1)}.{part.group(2)}", info)
+    for name in quantized & tensors.keys():  # a bitsandbytes 4-bit weight: the packed bytes, not the weight
+        plain[name] = tensors[name]
     return plain, quantized
 
 
 def loaded_shapes(model, tensors: Mapping[str, TensorInfo], names: set[str]) -> dict[str, TensorInfo]:
-    """``tensors`` with the shapes of ``names`` taken from the loaded ``model``: a quantized weight (a torchao
-    tensor subclass) reports the shape of the weight it stands for, whatever its storage.
+    """``tensors`` with the shapes of ``names`` taken from the loaded ``model``: a quantized weight reports the
+    shape of the weight it stands for, whatever its storage (a torchao tensor subclass its own shape, a
+    bitsandbytes 4-bit weight its quant state's).
 
     >>> from gated_qwen import Qwen3GatedConfig, Qwen3GatedForCausalLM
     >>> config = Qwen3GatedConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -316,13 +328,14 @@ def loaded_shapes(model, tensors: Mapping[str, TensorInfo], names: set[str]) -> 
     >>> loaded_shapes(model, tensors, {name})[name].shape  # 4 heads of 8 query rows and 1 gate row, 32 wide
     (36, 32)
     """
-    params = model.state_dict()
+    params = dict(model.named_parameters())
     shapes = dict(tensors)
     for name in names:
         # A bare-model checkpoint's names lack the causal LM's prefix.
         param = params.get(name, params.get(f"{model.base_model_prefix}.{name}"))
         if param is not None:  # absent from the model: transformers reports it
-            shapes[name] = TensorInfo(tuple(param.shape), tensors[name].dtype)
+            shape = getattr(getattr(param, "quant_state", None), "shape", None) or param.shape
+            shapes[name] = TensorInfo(tuple(shape), tensors[name].dtype)
     return shapes
 
 
