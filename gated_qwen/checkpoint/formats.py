@@ -317,12 +317,14 @@ def present_files(
     if local.is_dir():
         return [name for name in names if (local / name).is_file()]
     prefix = f"{subfolder.strip('/')}/" if subfolder else ""
-    offline = hub_kwargs.get("local_files_only") or is_offline()
-    return [
-        name
-        for name in names
-        if has_file(str(path_or_repo_id), prefix + name, revision, token=token, local_files_only=bool(offline))
-    ]
+    where = {
+        "revision": revision,
+        "token": token,
+        "proxies": hub_kwargs.get("proxies"),
+        "cache_dir": hub_kwargs.get("cache_dir"),
+        "local_files_only": bool(hub_kwargs.get("local_files_only") or is_offline()),
+    }
+    return [name for name in names if has_file(str(path_or_repo_id), prefix + name, **where)]
 
 
 def local_weight_files(folder: str | os.PathLike) -> list[Path]:
