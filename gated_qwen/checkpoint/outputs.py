@@ -51,6 +51,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import secrets
 import shutil
 import tempfile
 from collections.abc import Iterable, Iterator
@@ -116,10 +117,19 @@ def _staging(parent: Path, name: str, state: str, folder: bool = True) -> tuple[
         handle, made = tempfile.mkstemp(dir=parent, prefix=prefix, suffix=suffix)
         os.close(handle)
         path = Path(made)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(path, (0o777 if folder else 0o666) & ~umask)  # not mkdtemp's 0700: the mode becomes DST's
+    os.chmod(path, _plain_mode(parent) & (0o777 if folder else 0o666))  # not mkdtemp's 0600/0700: it becomes DST's
     return path, _lock(path)
+
+
+def _plain_mode(parent: Path) -> int:
+    """``0o777`` less the process's umask, read from a folder made and removed in ``parent``: ``os.umask`` can only
+    be read by setting it, which would change it for every thread meanwhile."""
+    probe = parent / f".mode.{secrets.token_hex(4)}.{OWNER_TAG}.partial"  # a leftover like any, if killed here
+    probe.mkdir()  # a plain mkdir: the mode the umask leaves
+    try:
+        return probe.stat().st_mode & 0o777
+    finally:
+        probe.rmdir()
 
 
 @dataclass
