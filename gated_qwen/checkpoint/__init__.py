@@ -4,6 +4,7 @@ output writer every command that writes goes through (:mod:`~gated_qwen.checkpoi
 from .formats import (
     AUXILIARY_FILES,
     CONFIG_NAME,
+    HUB_KWARGS,
     PICKLE_WEIGHTS_INDEX_NAME,
     PICKLE_WEIGHTS_NAME,
     SAFE_WEIGHTS_INDEX_NAME,
@@ -18,6 +19,7 @@ from .formats import (
     local_weight_files,
     read_json,
     read_weight_file_header,
+    resolve_weight_files,
     split_into_shards,
     weights_format,
     write_safetensors,
@@ -25,13 +27,11 @@ from .formats import (
 )
 from .outputs import OutputError, OutputFolder, output_file, scratch_folder, write_text
 from .sources import (
-    HUB_KWARGS,
     checkpoint_folder,
     hub_weight_files,
     read_checkpoint_header,
     read_config_json,
     read_source_checkpoint,
-    resolve_weight_files,
 )
 from .validation import (
     check_layer_count,

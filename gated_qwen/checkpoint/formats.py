@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import struct
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from operator import attrgetter
@@ -26,6 +25,7 @@ import torch
 from safetensors import safe_open
 
 from ..errors import CheckpointError, GatedQwenError
+from .hub import is_offline
 
 
 CONFIG_NAME = "config.json"
@@ -116,7 +116,7 @@ def read_json(path: str | os.PathLike, what: str) -> dict:
         with open(path, encoding="utf-8") as handle:
             data = json.load(handle)
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise CheckpointError(f"{path} is not valid JSON ({error}); the {what} is corrupt or truncated") from None
+        raise CheckpointError(f"{path} is not valid JSON ({error}); the {what} is corrupt or truncated") from error
     if not isinstance(data, dict):
         raise CheckpointError(f"{path} does not hold a JSON object; it is not a {what}")
     return data
@@ -141,18 +141,20 @@ def read_local_safetensors_header(path: str | os.PathLike) -> dict[str, TensorIn
                 name: TensorInfo(tuple(handle.get_slice(name).get_shape()), handle.get_slice(name).get_dtype())
                 for name in handle.keys()
             }
-    except FileNotFoundError:
-        raise CheckpointError(f"{path} does not exist") from None
+    except FileNotFoundError as error:
+        raise CheckpointError(f"{path} does not exist") from error
     except Exception as error:  # safetensors raises its own SafetensorError for a bad header
         raise CheckpointError(
             f"{path} is not a readable safetensors file ({error}); it is corrupt or truncated: download or write it again"
-        ) from None
+        ) from error
 
 
 def read_local_safetensors_offsets(path: str | os.PathLike) -> dict[str, tuple[int, int]]:
     """Where each tensor's bytes lie in one local safetensors file: ``(start, end)`` from the file's start.
 
-    Writers copy unchanged tensors with these, byte for byte, without reading them into memory.
+    Writers copy unchanged tensors with these, byte for byte, without reading them into memory. safetensors
+    has no call for them, but its format fixes them: ``safe_open`` refuses a file whose data is not exactly
+    the tensors' bytes, back to back in ``offset_keys()`` order up to the end of the file.
 
     >>> from pathlib import Path
     >>> import gated_qwen
@@ -161,27 +163,14 @@ def read_local_safetensors_offsets(path: str | os.PathLike) -> dict[str, tuple[i
     >>> end - start  # 256 bf16 values
     512
     """
-    try:
-        with open(path, "rb") as handle:
-            (header_size,) = struct.unpack("<Q", handle.read(8))
-            header = json.loads(handle.read(header_size))
-            file_size = os.fstat(handle.fileno()).st_size
-        data_start = 8 + header_size
-        offsets = {
-            name: (data_start + entry["data_offsets"][0], data_start + entry["data_offsets"][1])
-            for name, entry in header.items()
-            if name != "__metadata__"
-        }
-    except FileNotFoundError:
-        raise CheckpointError(f"{path} does not exist") from None
-    except (struct.error, ValueError, TypeError, KeyError, IndexError) as error:
-        raise CheckpointError(
-            f"{path} is not a readable safetensors file ({error}); it is corrupt or truncated"
-        ) from None
-    if any(end > file_size or start > end for start, end in offsets.values()):
-        raise CheckpointError(
-            f"{path} is shorter than its header says; it is corrupt or truncated: download or write it again"
-        )
+    infos = read_local_safetensors_header(path)
+    with safe_open(os.fspath(path), framework="pt") as handle:
+        order = handle.offset_keys()
+    offset = os.path.getsize(path) - sum(infos[name].nbytes for name in order)
+    offsets = {}
+    for name in order:
+        offsets[name] = (offset, offset + infos[name].nbytes)
+        offset += infos[name].nbytes
     return offsets
 
 
@@ -218,12 +207,12 @@ def load_pickle_weights(path: str | os.PathLike, map_location: str = "cpu") -> d
         raise CheckpointError(
             f"{path} holds a pickle that is not plain tensors ({reason}); it was refused and nothing in it ran. "
             "Get the weights from a source you trust, preferably as safetensors"
-        ) from None
+        ) from error
     except (RuntimeError, EOFError, OSError, ValueError) as error:
         reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
         raise CheckpointError(
             f"{path} is not a readable PyTorch weights file ({reason}); it is corrupt or truncated: download it again"
-        ) from None
+        ) from error
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise CheckpointError(f"{path} does not hold a dict of tensors; it is not a model's weights file")
     return state
@@ -266,22 +255,80 @@ def read_weight_file_header(path: str | os.PathLike) -> dict[str, TensorInfo]:
 # A whole checkpoint
 
 
-def _files_of_index(index: Path, fetch: Callable[[str], str | None]) -> list[str]:
-    weight_map = read_json(index, "weights index").get("weight_map")
-    if not isinstance(weight_map, dict):
-        raise CheckpointError(f"{index} has no weight_map; the index is corrupt")
-    files = []
-    for name in dict.fromkeys(weight_map.values()):
-        file = fetch(name)
-        if file is None:
-            raise CheckpointError(f"{index} names the shard {name}, which is missing")
-        files.append(file)
-    return files
+HUB_KWARGS = ("subfolder", "revision", "cache_dir", "token", "local_files_only", "force_download", "proxies")
+
+
+def resolve_weight_files(path_or_repo_id: str | os.PathLike, **hub_kwargs) -> list[str]:
+    """Local paths of a checkpoint's weight files (downloaded into the hub cache if need be).
+
+    The files ``from_pretrained`` reads, in its order of preference: safetensors (index or single
+    file), then ``pytorch_model.bin`` (index or single file). Takes from_pretrained's hub arguments
+    (``subfolder``, ``revision``, ...); returns [] when the checkpoint has no weights. transformers'
+    ``has_file``, ``cached_file`` and ``get_checkpoint_shard_files`` find and fetch them.
+
+    >>> from gated_qwen.default_models import default_model_path
+    >>> models = default_model_path().parent  # headwise/ and baseline/, as the hub repository holds its arms
+    >>> resolve_weight_files(models, subfolder="baseline") == [str(models / "baseline" / "model.safetensors")]
+    True
+    """
+    from transformers.utils.hub import cached_file, get_checkpoint_shard_files
+
+    hub_kwargs = {k: v for k, v in hub_kwargs.items() if k in HUB_KWARGS}
+    subfolder = hub_kwargs.get("subfolder") or ""
+    for index_name, single_name in WEIGHT_FILES.values():
+        for name in (index_name, single_name):
+            if not present_files(path_or_repo_id, [name], **hub_kwargs):
+                continue
+            path = cached_file(path_or_repo_id, name, **hub_kwargs)
+            if name == single_name:
+                return [path]
+            try:
+                files, _ = get_checkpoint_shard_files(path_or_repo_id, path, **hub_kwargs)
+            except (KeyError, TypeError, ValueError) as error:  # no weight_map or metadata, or not JSON
+                raise CheckpointError(f"{path} is not a weights index ({error!r}); the index is corrupt") from error
+            missing = [file for file in files if not os.path.isfile(file)]
+            if missing:
+                raise CheckpointError(f"{path} names the shard {Path(missing[0]).name}, which is missing")
+            if Path(path_or_repo_id, subfolder).is_dir():
+                return [os.path.normpath(file) for file in files]
+            return files
+    return []
+
+
+def present_files(
+    path_or_repo_id: str | os.PathLike,
+    names: list[str],
+    subfolder: str = "",
+    revision: str | None = None,
+    token: str | bool | None = None,
+    **hub_kwargs,
+) -> list[str]:
+    """Which of ``names`` a local checkpoint folder or hub repository holds, without downloading them.
+
+    On the hub, transformers' ``has_file`` (one request a name; the local cache alone when offline).
+
+    >>> from gated_qwen.default_models import default_model_path
+    >>> present_files(default_model_path("headwise"), ["config.json", "pytorch_model.bin"])
+    ['config.json']
+    """
+    from transformers.utils.hub import has_file
+
+    local = Path(path_or_repo_id).expanduser() / (subfolder or "")
+    if local.is_dir():
+        return [name for name in names if (local / name).is_file()]
+    prefix = f"{subfolder.strip('/')}/" if subfolder else ""
+    where = {
+        "revision": revision,
+        "token": token,
+        "proxies": hub_kwargs.get("proxies"),
+        "cache_dir": hub_kwargs.get("cache_dir"),
+        "local_files_only": bool(hub_kwargs.get("local_files_only") or is_offline()),
+    }
+    return [name for name in names if has_file(str(path_or_repo_id), prefix + name, **where)]
 
 
 def local_weight_files(folder: str | os.PathLike) -> list[Path]:
-    """The weight files of a local checkpoint folder: safetensors if it has any, else ``pytorch_model.bin``
-    (an index's shards, or the single file); [] when it has neither.
+    """The weight files of a local checkpoint folder (:func:`resolve_weight_files`); [] when it has none.
 
     >>> from pathlib import Path
     >>> import gated_qwen
@@ -289,17 +336,7 @@ def local_weight_files(folder: str | os.PathLike) -> list[Path]:
     >>> [file.name for file in local_weight_files(arm)]
     ['model.safetensors']
     """
-    folder = Path(folder)
-
-    def fetch(name: str) -> str | None:
-        return str(folder / name) if (folder / name).is_file() else None
-
-    for index_name, single_name in WEIGHT_FILES.values():
-        if (folder / index_name).is_file():
-            return [Path(f) for f in _files_of_index(folder / index_name, fetch)]
-        if (folder / single_name).is_file():
-            return [folder / single_name]
-    return []
+    return [Path(file) for file in resolve_weight_files(folder)]
 
 
 def weights_format(files: Iterable[str | os.PathLike]) -> str | None:
@@ -375,7 +412,7 @@ class CheckpointTensors:
             except Exception as error:
                 raise CheckpointError(
                     f"could not read {name} from {file} ({error}); the file is corrupt or truncated"
-                ) from None
+                ) from error
         if self._mapped is None or self._mapped[0] != file or self._mapped_read > self.MAPPED_BYTES:
             self._mapped = None  # drop the old map before making the new one
             self._mapped = (file, load_pickle_weights(file))
@@ -407,10 +444,10 @@ def split_into_shards(plan: dict[str, TensorInfo], max_shard_size: int | str):
             filename_pattern="model{suffix}.safetensors",
             max_shard_size=max_shard_size,
         )
-    except ValueError:
+    except ValueError as error:
         raise GatedQwenError(
             f"max shard size {max_shard_size!r} is not a size like 5GB, 500MB or a number of bytes"
-        ) from None
+        ) from error
 
 
 def write_safetensors_checkpoint(
@@ -465,9 +502,11 @@ def write_safetensors(
 ) -> None:
     """Write one safetensors file tensor by tensor; the header is known in advance from ``specs``.
 
-    safetensors' own writers need every tensor in memory at once; the format is simple enough
-    (8-byte little-endian header length, JSON header with byte offsets, raw little-endian data) to
-    stream instead. A :class:`StoredTensor` is copied from its source file as it is.
+    Kept because no library writes a file tensor by tensor: safetensors' writers (``safetensors.torch.save_file``,
+    ``safetensors.serialize_file`` with its ``TensorSpec`` pointers, 0.8) take every tensor of the file at once,
+    alive in memory, and transformers' and huggingface_hub's savers call them. The format is simple enough
+    (8-byte little-endian header length, JSON header with byte offsets, raw little-endian data) to stream
+    instead. A :class:`StoredTensor` is copied from its source file as it is.
 
     >>> import tempfile
     >>> path = Path(tempfile.mkdtemp()) / "a.safetensors"
@@ -483,7 +522,7 @@ def write_safetensors(
     header_bytes = json.dumps(header, separators=(",", ":")).encode()
     header_bytes += b" " * (-len(header_bytes) % 8)  # safetensors aligns the data to 8 bytes
     with open(path, "wb") as handle:
-        handle.write(struct.pack("<Q", len(header_bytes)))
+        handle.write(len(header_bytes).to_bytes(8, "little"))
         handle.write(header_bytes)
         run = None  # stored tensors that lie back to back in one source file: copied in one call
         for (name, spec), tensor in zip(specs.items(), tensors, strict=True):

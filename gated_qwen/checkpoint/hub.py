@@ -94,7 +94,7 @@ def resolve_source(
     except GatedQwenError as error:
         if "/" in source:  # owner/name: a hub id
             raise
-        raise GatedQwenError(f"there is no local folder {source}, and as a hub id: {error}") from None
+        raise GatedQwenError(f"there is no local folder {source}, and as a hub id: {error}") from error
     return None
 
 
@@ -130,7 +130,10 @@ def check_hub_repository(
     try:
         files = _repository_files(repo_id, revision, token)
     except Exception as error:  # noqa: BLE001 - classified by hub_error; anything unknown is re-raised as it is
-        raise hub_error(error, repo_id, subfolder, revision) from None
+        mapped = hub_error(error, repo_id, subfolder, revision)
+        if mapped is error:
+            raise
+        raise mapped from error
     if files and config_name not in files:
         arms = sorted({name.rsplit("/", 2)[-2] for name in files if name.endswith("/config.json")})
         what = f"no subfolder {subfolder!r} with a config.json" if subfolder else "no config.json at its top"

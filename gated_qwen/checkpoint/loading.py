@@ -25,8 +25,7 @@ from ..errors import CheckpointError
 
 # From the modules that define them, not the package: a transformers import inside the package's __init__ can
 # import this module (through the registration hook) while the package is half initialised.
-from .formats import read_weight_file_header
-from .sources import HUB_KWARGS, resolve_weight_files
+from .formats import HUB_KWARGS, read_weight_file_header, resolve_weight_files
 from .validation import (
     check_layer_count,
     check_loaded_weights,
@@ -115,11 +114,33 @@ def strict_from_pretrained(
         check_weights_match_config(config, tensors, source, sizes=sizes, advice=advice, unchecked=quantized)
 
     model, loading_info = inherited(pretrained_model_name_or_path, *model_args, output_loading_info=True, **kwargs)
+    unpack_uneven_4bit_weights(model)
     if checkable:
         if quantized:  # transformers sets a quantized weight whatever its shape: check the shapes it stands for
             check_weights_match_config(config, loaded_shapes(model, tensors, quantized), source, sizes, advice)
         check_loaded_weights(model, loading_info, set(tensors) or None, str(pretrained_model_name_or_path))
     return (model, loading_info) if output_loading_info else model
+
+
+def unpack_uneven_4bit_weights(model) -> list[str]:
+    """Keep bitsandbytes' 4-bit CPU kernel off the weights it cannot run: those whose rows are not a multiple of 32.
+
+    On a CPU with AVX512-BF16, bitsandbytes repacks a 4-bit weight for its fast kernel at the first forward
+    without gradients, which asserts ``N must be divisible by block_n`` (32). A headwise q_proj has
+    ``heads * head_dim + heads`` rows, never a multiple of 32: such weights keep bitsandbytes' plain 4-bit
+    path (the one it takes under gradients, same values). Returns the modules changed.
+
+    >>> import torch
+    >>> unpack_uneven_4bit_weights(torch.nn.Linear(4, 68))  # not a bitsandbytes module: nothing to do
+    []
+    """
+    changed = []
+    for name, module in model.named_modules():
+        if type(module).__name__ == "Linear4bit" and getattr(module, "support_avx512bf16_for_cpu", False):
+            if module.out_features % 32:
+                module.support_avx512bf16_for_cpu = False
+                changed.append(name)
+    return changed
 
 
 def _checked_config(cls, config_source, tensors, source: str, advice: str, kwargs: dict):
@@ -166,4 +187,4 @@ def install_strict_loading(model_class: type) -> None:
     model_class.from_pretrained = classmethod(from_pretrained)
 
 
-__all__ = ["install_strict_loading", "strict_from_pretrained"]
+__all__ = ["install_strict_loading", "strict_from_pretrained", "unpack_uneven_4bit_weights"]

@@ -11,23 +11,21 @@ command does the same (the example below). The rules, which the documentation's 
 * **What may be there.** DST may be missing or an empty folder. A folder with entries is refused, unless
   ``overwrite``, which replaces its contents. A file is always refused, and so is replacing the
   contents of the current folder, a folder that holds it, or the home folder (an empty one is fine).
-* **How.** Everything is written into a staging folder first, and put in place only when the command
-  has finished it. For a missing DST the staging folder lies beside it and becomes DST in one
-  ``rename``. An existing DST is kept as it is (the same folder, so a shell sitting in it, a link to it,
-  a mount point, its owner and mode all stay valid): the staging folder lies inside it, and at the
-  end its old entries are moved into a folder of their own, the new ones are moved up, and the old
-  ones are deleted. Staging always lies on DST's own file system, so every move is a ``rename``. If a
-  move fails, those already made are undone and DST holds what it held before.
-* **Leftovers.** A staging folder's name carries its owner: ``.NAME.gated-qwen-PID-START-HOST-XXXXXX.partial``
-  (process id, the process's start time, a hash of the host name). Whenever a command is about to write
-  DST, staging folders of owners that are gone (killed while writing), beside DST or inside it, are
-  removed, with a warning that names them; those of a live process (a concurrent run) are left
-  alone, and those from another host, whose owner cannot be checked, are only reported. One case is
-  reported, not removed: a ``.old`` folder, which holds what DST held when its owner died in the middle
-  of the final moves (a few renames, but not nothing): it says which folder to check.
+* **How.** Everything is written into a staging folder (``tempfile.mkdtemp`` on DST's own file system)
+  and put in place only when the command has finished it. For a missing DST the staging folder lies
+  beside it and becomes DST in one ``os.replace``. An existing DST is kept as it is (the same folder, so a
+  shell sitting in it, a link to it, a mount point, its owner and mode all stay valid): the staging folder
+  lies inside it, and at the end its old entries are moved into a folder of their own, the new ones are
+  moved up, and the old ones are deleted. If a move fails, those already made are undone.
+* **Leftovers.** A staging folder is named ``.NAME.XXXXXXXX.gated-qwen.partial`` and its writer holds a
+  lock on it (``flock``) while it runs; the kernel drops the lock when the writer ends, however it ends.
+  Whenever a command is about to write DST, unlocked staging folders beside DST or inside it (left by a
+  killed run) are removed, with a warning naming them; locked ones (a concurrent run) are left alone. A
+  ``.old`` folder left unlocked holds what DST held when its writer died in the middle of the final moves:
+  it is reported, never removed.
 
-Not covered: power loss. Files are not fsync'ed; the guarantees are against processes that fail,
-are interrupted or are killed, and against concurrent runs.
+Not covered: power loss (files are not fsync'ed), and file systems without ``flock`` (some network file
+systems), where leftovers are reported and left for the user to delete.
 
 >>> import tempfile
 >>> from pathlib import Path
@@ -51,12 +49,11 @@ PosixPath('.../result/notes.txt')
 from __future__ import annotations
 
 import errno
-import hashlib
 import os
 import re
 import secrets
 import shutil
-import socket
+import tempfile
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -67,15 +64,17 @@ from transformers.utils import logging
 from ..errors import GatedQwenError
 
 
+try:
+    import fcntl
+except ImportError:  # not POSIX: no lock, so no leftover is ever taken for a dead run's
+    fcntl = None
+
 logger = logging.get_logger(__name__)
 
 OWNER_TAG = "gated-qwen"
 NAME_KEPT = 80  # characters of DST's name kept in a staging name (a file name has at most 255)
 STATES = ("partial", "old", "deleting")
-LEFTOVER = re.compile(
-    rf"^\.(?P<name>.*)\.{OWNER_TAG}-(?P<pid>\d+)-(?P<start>\d+)-(?P<host>[0-9a-f]{{8}})-(?P<token>[0-9a-f]{{6}})"
-    rf"\.(?P<state>{'|'.join(STATES)})$"
-)
+LEFTOVER = re.compile(rf"^\.(?P<name>.*)\.[^.]+\.{OWNER_TAG}\.(?P<state>{'|'.join(STATES)})$")
 DEFAULT_ADVICE = "choose another folder or pass --overwrite to replace it"
 
 
@@ -84,47 +83,53 @@ class OutputError(GatedQwenError):
 
 
 # ----------------------------------------------------------------------------------------------
-# Owners: who made a staging folder, and whether that process still runs
+# Staging entries, locked by their writer while it runs
 
 
-_PROC = os.path.exists("/proc/self/stat")
+def _lock(path: Path) -> int | None:
+    """Open ``path`` and hold an exclusive lock on it; the descriptor (None where it is already locked).
 
-
-def _host_hash() -> str:
-    return hashlib.sha1(socket.gethostname().encode()).hexdigest()[:8]
-
-
-def _start_time(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (Linux), 0 where unknown, None if it is gone.
-
-    Together with the pid it names one process: a pid reused after a kill has another start time.
+    The lock lives as long as the descriptor, which the kernel closes when the process ends, killed too:
+    an unlocked staging entry is a dead run's, with no process id to check or to be reused.
     """
-    if not _PROC:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return None
-        except OSError:
-            pass  # exists, owned by someone else
-        return 0
+    fd = os.open(path, os.O_RDONLY)
+    if fcntl is None:
+        return fd
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    except FileNotFoundError:
-        return None
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
-        return 0
-    if fields[0] in ("Z", "X"):
-        return None  # a zombie has stopped writing for good
-    return int(fields[19])
+        os.close(fd)
+        return None
+    return fd
 
 
-def _owner() -> str:
-    pid = os.getpid()
-    return f"{OWNER_TAG}-{pid}-{_start_time(pid) or 0}-{_host_hash()}-{secrets.token_hex(3)}"
+def _unlock(fd: int | None) -> None:
+    if fd is not None:
+        os.close(fd)
 
 
-def _leftover_name(name: str, owner: str, state: str) -> str:
-    return f".{name[:NAME_KEPT]}.{owner}.{state}"
+def _staging(parent: Path, name: str, state: str, folder: bool = True) -> tuple[Path, int]:
+    """A new, locked staging folder (or file) in ``parent``, with the mode a plain mkdir (or open) gives."""
+    prefix, suffix = f".{name[:NAME_KEPT]}.", f".{OWNER_TAG}.{state}"
+    if folder:
+        path = Path(tempfile.mkdtemp(dir=parent, prefix=prefix, suffix=suffix))
+    else:
+        handle, made = tempfile.mkstemp(dir=parent, prefix=prefix, suffix=suffix)
+        os.close(handle)
+        path = Path(made)
+    os.chmod(path, _plain_mode(parent) & (0o777 if folder else 0o666))  # not mkdtemp's 0600/0700: it becomes DST's
+    return path, _lock(path)
+
+
+def _plain_mode(parent: Path) -> int:
+    """``0o777`` less the process's umask, read from a folder made and removed in ``parent``: ``os.umask`` can only
+    be read by setting it, which would change it for every thread meanwhile."""
+    probe = parent / f".mode.{secrets.token_hex(4)}.{OWNER_TAG}.partial"  # a leftover like any, if killed here
+    probe.mkdir()  # a plain mkdir: the mode the umask leaves
+    try:
+        return probe.stat().st_mode & 0o777
+    finally:
+        probe.rmdir()
 
 
 @dataclass
@@ -132,43 +137,42 @@ class Leftover:
     """A staging, replaced or being-deleted folder (or file) this module made, found by its name."""
 
     path: Path
-    pid: int
     state: str
-    status: str  # "alive", "gone" or "elsewhere" (another host: cannot be checked)
+    status: str  # "alive" (its writer holds its lock) or "gone"
 
 
 def find_leftovers(folder: str | os.PathLike) -> list[Leftover]:
-    """The staging folders and files in ``folder`` (not below it), with whether their owners still run.
+    """The staging entries in ``folder``, each with whether its writer still runs (holds its lock).
 
     >>> find_leftovers("/nonexistent")
     []
     """
-    folder, found = Path(folder), []
+    folder = Path(folder)
     try:
-        names = os.listdir(folder)
-    except (FileNotFoundError, NotADirectoryError, PermissionError):
-        return found
-    host = _host_hash()
+        names = sorted(os.listdir(folder))
+    except OSError:
+        return []
+    found = []
     for name in names:
         match = LEFTOVER.match(name)
         if match is None:
             continue
-        pid, start = int(match["pid"]), int(match["start"])
-        if match["host"] != host:
-            status = "elsewhere"
-        else:
-            now = _start_time(pid)
-            status = "gone" if now is None or (start and now and now != start) else "alive"
-        found.append(Leftover(folder / name, pid, match["state"], status))
+        try:
+            fd = _lock(folder / name)
+        except OSError:
+            continue  # gone meanwhile
+        status = "alive" if fd is None or fcntl is None else "gone"
+        _unlock(fd)
+        found.append(Leftover(folder / name, match["state"], status))
     return found
 
 
 def remove_stale(folder: str | os.PathLike) -> list[Path]:
     """Remove what killed runs left in ``folder``; warn about each removal, and about what is kept.
 
-    Staging (``.partial``) and half-deleted (``.deleting``) folders of owners that are gone are removed.
-    A ``.old`` folder of a gone owner holds a folder's earlier contents from an interrupted replace: it
-    is reported, never removed. Leftovers of another host are reported. Returns the removed paths.
+    Unlocked staging (``.partial``) and half-deleted (``.deleting``) entries are removed. An unlocked
+    ``.old`` folder holds a folder's earlier contents from an interrupted replace: it is reported, never
+    removed. Returns the removed paths.
 
     >>> remove_stale("/nonexistent")
     []
@@ -177,21 +181,21 @@ def remove_stale(folder: str | os.PathLike) -> list[Path]:
     for leftover in find_leftovers(folder):
         if leftover.status == "alive":
             continue  # a concurrent run's work in progress
-        if leftover.status == "elsewhere":
+        if leftover.state == "old":
             logger.warning(
-                f"{leftover.path} was left by process {leftover.pid} on another host; delete it if that run is over"
+                f"{leftover.path} holds what {leftover.path.parent} held before a replace that was interrupted; "
+                f"check {leftover.path.parent}, then delete it or move its entries back"
             )
-        elif leftover.state == "old":
-            logger.warning(
-                f"{leftover.path} holds what {leftover.path.parent} held before a replace that was interrupted "
-                f"(process {leftover.pid} is gone); check {leftover.path.parent}, then delete it or move its entries back"
-            )
-        else:
+            continue
+        fd = _lock(leftover.path)
+        if fd is None:
+            continue  # taken by another run that is cleaning up too
+        try:
             _remove(leftover.path)
-            removed.append(leftover.path)
-            logger.warning(
-                f"removed {leftover.path}, left by gated-qwen process {leftover.pid}, which was stopped while writing"
-            )
+        finally:
+            _unlock(fd)
+        removed.append(leftover.path)
+        logger.warning(f"removed {leftover.path}, left by a gated-qwen run that was stopped while writing")
     return removed
 
 
@@ -203,7 +207,7 @@ def _remove(path: Path) -> None:
 
 
 def _entries(folder: Path) -> list[str]:
-    """``folder``'s entries, without this module's staging folders (which are not content)."""
+    """``folder``'s entries, without this module's staging entries (which are not content)."""
     return sorted(name for name in os.listdir(folder) if not LEFTOVER.match(name))
 
 
@@ -223,7 +227,7 @@ def resolve_destination(path: str | os.PathLike) -> Path:
     except (RuntimeError, OSError) as error:  # a link loop: RuntimeError before Python 3.13, OSError after
         raise OutputError(
             f"{given} cannot be resolved ({error}); it is a symbolic link that points to itself"
-        ) from None
+        ) from error
 
 
 def _shown(given: Path, resolved: Path) -> str:
@@ -287,6 +291,7 @@ class OutputFolder:
         self.destination = resolve_destination(self.given)
         self.overwrite, self.merge, self.names, self.advice = overwrite, merge, set(names), advice
         self.path: Path | None = None  # the staging folder, while open
+        self._fd: int | None = None  # the staging folder's lock, while open
         self._inside = False  # staging inside DST (DST existed) rather than beside it
         self._created: list[Path] = []  # parent folders made for a missing DST, removed again on discard
         remove_stale(self.destination.parent)
@@ -328,21 +333,16 @@ class OutputFolder:
         dst = self.destination
         self._check(self.names)  # again: DST may have changed since the object was made
         self._inside = dst.is_dir()
-        owner = _owner()
-        self._owner = owner
         try:
-            if self._inside:
-                self.path = dst / _leftover_name(dst.name, owner, "partial")
-            else:
+            if not self._inside:
                 self._make_parents(dst.parent)
-                self.path = dst.parent / _leftover_name(dst.name, owner, "partial")
-            self.path.mkdir()  # not tempfile.mkdtemp: its 0700 mode would become DST's
+            self.path, self._fd = _staging(dst if self._inside else dst.parent, dst.name, "partial")
         except OSError as error:
             self.path = None
             self._remove_parents()
             raise OutputError(
                 f"cannot write {self.shown}: {error.strerror or error} ({error.filename or dst})"
-            ) from None
+            ) from error
         return self.path
 
     def _make_parents(self, parent: Path) -> None:
@@ -367,6 +367,7 @@ class OutputFolder:
         if self.path is not None:
             shutil.rmtree(self.path, ignore_errors=True)
             self.path = None
+            _unlock(self._fd)
         self._remove_parents()
 
     def commit(self) -> Path:
@@ -377,18 +378,19 @@ class OutputFolder:
         try:
             if not self._inside:
                 try:
-                    os.rename(staging, dst)  # one atomic step; fails if DST appeared with entries meanwhile
+                    os.replace(staging, dst)  # one atomic step; fails if DST appeared with entries meanwhile
                 except OSError as error:
                     if error.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
                         raise
                     raise OutputError(
                         f"{self.shown} was created by someone else while this run wrote it; nothing was replaced"
-                    ) from None
+                    ) from error
             else:
                 self._move_in(staging, dst)
         except BaseException:
             self.discard()
             raise
+        _unlock(self._fd)
         self.path, self._created = None, []
         return dst
 
@@ -402,11 +404,10 @@ class OutputFolder:
                     f"{self.shown} was filled by someone else while this run wrote it; nothing was replaced"
                 )
         old = [name for name in _entries(dst) if not self.merge or name in new]
-        trash = dst / _leftover_name(dst.name, self._owner, "old")
+        trash, trash_fd = _staging(dst, dst.name, "old") if old else (None, None)
         moves: list[tuple[Path, Path]] = []  # (from, to), in the order made
         try:
             if old:
-                trash.mkdir()
                 for name in old:
                     os.rename(dst / name, trash / name)
                     moves.append((dst / name, trash / name))
@@ -418,12 +419,14 @@ class OutputFolder:
                 os.rename(target, source)
             if old:
                 trash.rmdir()
+                _unlock(trash_fd)
             raise
         staging.rmdir()
         if old:
-            deleting = trash.with_name(_leftover_name(dst.name, self._owner, "deleting"))
-            os.rename(trash, deleting)  # from here on it is garbage, whatever happens next
+            deleting = trash.with_name(trash.name.removesuffix(".old") + ".deleting")
+            os.rename(trash, deleting)  # from here on it is garbage, whatever happens next (the lock moves with it)
             shutil.rmtree(deleting, ignore_errors=True)
+            _unlock(trash_fd)
 
     def __enter__(self) -> Path:
         return self.open()
@@ -461,13 +464,15 @@ def output_file(path: str | os.PathLike, *, overwrite: bool = True) -> Iterator[
         raise OutputError(f"{_shown(given, target)} exists; pass --overwrite to replace it")
     remove_stale(target.parent)
     target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.parent / _leftover_name(target.name, _owner(), "partial")
+    partial, fd = _staging(target.parent, target.name, "partial", folder=False)
     try:
         yield partial
         os.replace(partial, target)
     except BaseException:
         partial.unlink(missing_ok=True)
         raise
+    finally:
+        _unlock(fd)
 
 
 def write_text(path: str | os.PathLike, text: str) -> Path:
@@ -492,7 +497,7 @@ def scratch_folder(parent: str | os.PathLike | None = None, name: str = "scratch
     """A temporary folder in ``parent`` (default: the system's temporary folder), removed on leaving the block.
 
     Unlike :class:`tempfile.TemporaryDirectory`, one that a killed process left behind is removed by
-    the next call with the same ``parent`` (its name carries its owner, as a staging folder's does).
+    the next call with the same ``parent`` (it is unlocked once its owner is gone, as a staging folder is).
 
     >>> with scratch_folder(name="bench") as scratch:
     ...     _ = (scratch / "stock.safetensors").write_bytes(b"")
@@ -504,12 +509,12 @@ def scratch_folder(parent: str | os.PathLike | None = None, name: str = "scratch
     parent = Path(parent).expanduser() if parent is not None else Path(tempfile.gettempdir())
     parent.mkdir(parents=True, exist_ok=True)
     remove_stale(parent)
-    path = parent / _leftover_name(name, _owner(), "partial")
-    path.mkdir()
+    path, fd = _staging(parent, name, "partial")
     try:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+        _unlock(fd)
 
 
 __all__ = [

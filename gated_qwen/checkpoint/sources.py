@@ -20,13 +20,12 @@ from .formats import (
     WEIGHT_PATTERNS,
     CheckpointHeader,
     TensorInfo,
-    _files_of_index,
     local_weight_files,
     read_json,
     read_weight_file_header,
     weights_format,
 )
-from .hub import resolve_source, source_location
+from .hub import looks_like_path, resolve_source, source_location
 
 
 def read_checkpoint_header(
@@ -88,7 +87,9 @@ def hub_weight_files(
             index = Path(
                 hf_hub_download(repo_id, index_name, subfolder=subfolder or None, revision=revision, token=token)
             )
-            names = _files_of_index(index, lambda name: name if prefix + name in listed else None)
+            names = dict.fromkeys(read_json(index, "weights index").get("weight_map", {}).values())
+            if any(prefix + name not in listed for name in names):
+                raise CheckpointError(f"{source_location(repo_id, subfolder)}: {index_name} names a shard it lacks")
         elif prefix + single_name in listed:
             names = [single_name]
         else:
@@ -101,14 +102,14 @@ def _read_hub_header(repo_id: str, subfolder: str, revision: str | None, token) 
     from huggingface_hub import HfApi, hf_hub_download
     from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError
 
-    where = f"{repo_id}" + (f" (subfolder {subfolder})" if subfolder else "")
+    where = source_location(repo_id, subfolder)
     try:
         try:
             config_path = hf_hub_download(
                 repo_id, CONFIG_NAME, subfolder=subfolder or None, revision=revision, token=token
             )
-        except EntryNotFoundError:
-            raise CheckpointError(f"{where} has no {CONFIG_NAME}; it is not a model checkpoint") from None
+        except EntryNotFoundError as error:
+            raise CheckpointError(f"{where} has no {CONFIG_NAME}; it is not a model checkpoint") from error
         header = CheckpointHeader(where, read_json(config_path, "model config"))
         header.weights_format, header.file_sizes = hub_weight_files(repo_id, subfolder, revision, token)
         header.files = list(header.file_sizes)
@@ -121,45 +122,15 @@ def _read_hub_header(repo_id: str, subfolder: str, revision: str | None, token) 
     except CheckpointError:
         raise
     except (HfHubHTTPError, OSError) as error:
-        raise CheckpointError(f"could not read {where} from the hub ({error}); check the id, or the network") from None
-
-
-HUB_KWARGS = ("subfolder", "revision", "cache_dir", "token", "local_files_only", "force_download", "proxies")
-
-
-def resolve_weight_files(path_or_repo_id: str | os.PathLike, **hub_kwargs) -> list[str]:
-    """Local paths of a checkpoint's weight files (downloaded into the hub cache if need be).
-
-    The files ``from_pretrained`` reads, in its order of preference: safetensors (index or single
-    file), then ``pytorch_model.bin`` (index or single file). Takes from_pretrained's hub arguments
-    (``subfolder``, ``revision``, ...); returns [] when the checkpoint has no weights.
-
-    >>> from gated_qwen.default_models import default_model_path
-    >>> models = default_model_path().parent  # headwise/ and baseline/, as the hub repository holds its arms
-    >>> resolve_weight_files(models, subfolder="baseline") == [str(models / "baseline" / "model.safetensors")]
-    True
-    """
-    from transformers.utils import cached_file
-
-    hub_kwargs = {k: v for k, v in hub_kwargs.items() if k in HUB_KWARGS}
-
-    def fetch(name: str) -> str | None:
-        return cached_file(path_or_repo_id, name, _raise_exceptions_for_missing_entries=False, **hub_kwargs)
-
-    for index_name, single_name in WEIGHT_FILES.values():
-        index = fetch(index_name)
-        if index is not None:
-            return _files_of_index(Path(index), fetch)
-        single = fetch(single_name)
-        if single is not None:
-            return [single]
-    return []
+        raise CheckpointError(
+            f"could not read {where} from the hub ({error}); check the id, or the network"
+        ) from error
 
 
 def _check_hub_source(src, subfolder: str, revision: str | None, token: str | bool | None = None) -> None:
     """Refuse, in one line and at once, a ``src`` that is not a local folder and cannot be a usable hub id:
     a file, a path, or (:func:`gated_qwen.checkpoint.hub.resolve_source`) offline, no network, an unknown repository."""
-    if Path(src).expanduser().exists() or str(src).startswith((".", "/", "~")) or str(src).count("/") > 1:
+    if Path(src).expanduser().exists() or looks_like_path(str(src)):
         raise CheckpointError(f"{src} is not a folder; give a checkpoint folder or a hub id like owner/name")
     resolve_source(str(src), subfolder, revision, token)
 
@@ -198,12 +169,12 @@ def read_config_json(src: str | os.PathLike, subfolder: str = "", revision: str 
         return read_json(
             hf_hub_download(str(src), CONFIG_NAME, subfolder=subfolder or None, revision=revision), "model config"
         )
-    except EntryNotFoundError:
+    except EntryNotFoundError as error:
         raise CheckpointError(
             f"{source_location(str(src), subfolder)} has no config.json; it is not a model checkpoint"
-        ) from None
+        ) from error
     except (HfHubHTTPError, LocalEntryNotFoundError, OSError, ValueError) as error:
-        raise _hub_failure(src, error, "read") from None
+        raise _hub_failure(src, error, "read") from error
 
 
 def checkpoint_folder(src: str | os.PathLike, subfolder: str = "", revision: str | None = None) -> Path:
@@ -234,7 +205,7 @@ def checkpoint_folder(src: str | os.PathLike, subfolder: str = "", revision: str
         patterns += list(WEIGHT_PATTERNS[format_name]) if format_name else []
         snapshot = snapshot_download(str(src), revision=revision, allow_patterns=[prefix + p for p in patterns])
     except (HfHubHTTPError, LocalEntryNotFoundError, OSError, ValueError) as error:
-        raise _hub_failure(src, error, "downloaded") from None
+        raise _hub_failure(src, error, "downloaded") from error
     folder = Path(snapshot) / subfolder
     if not (folder / CONFIG_NAME).is_file():
         raise CheckpointError(

@@ -13,51 +13,34 @@ The rules every way of reading a checkpoint applies (strict ``from_pretrained``
 Bounded work: the header check loops over the tensors the checkpoint holds, never over what the config
 claims (a config saying 20,000 layers or a vocabulary of 500,000,000 costs nothing more to refuse).
 
-What a tensor should look like is a model type's rule (:data:`SHAPE_RULES`: ``model_type`` ->
-``ShapeRule(shape, layer_tensors)``): the dense Qwen3Gated decoder (:data:`DENSE`) and the gated Qwen3-MoE
-(:data:`MOE`: a router ``mlp.gate.weight`` and experts in the sparse layers, stored one tensor per expert as
-``save_pretrained`` writes them or fused as transformers 5 holds them; a dense MLP in ``mlp_only_layers``),
-both reusing :func:`attention_shape` and :func:`norm_shape`.
+What the tensors should be is the model's own answer: the decoder of the config's family (Qwen3Gated, or the
+gated Qwen3-MoE with its router and experts, stored one tensor per expert as ``save_pretrained`` writes them or
+fused as transformers 5 holds them) built on the meta device with the layers the checkpoint holds
+(:func:`skeleton_tensors`, :class:`ConfigTensors`). Which config values a message names are the ones whose change
+moves the size or the tensor, found the same way.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping
 
 from ..errors import CheckpointError, WeightShapeMismatchError
-from ..models.layout import gate_heads_and_width, gate_type_for_rows, q_proj_rows
+from ..models.layout import gate_type_for_rows, q_proj_rows
 from .formats import TensorInfo
 
 
-@dataclass(frozen=True)
-class Dim:
-    """One dimension a config implies: its size and the config values that give it, as a message words them."""
-
-    size: int
-    says: str  # "vocab_size 500000000", "num_key_value_heads 4 and head_dim 8"
-
-
-@dataclass(frozen=True)
-class Expected:
-    """The shape a tensor must have, dimension by dimension."""
-
-    dims: tuple[Dim, ...]
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return tuple(dim.size for dim in self.dims)
-
-
-@dataclass(frozen=True)
-class NoPlace:
-    """A decoder tensor the config has no place for; ``says`` names the config value that leaves it out."""
-
-    says: str = ""
-
-
 _LAYER = re.compile(r"^(?:model\.)?layers\.(\d+)\.(.+)$")
+_EXPERT = re.compile(r"^mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+FUSED_EXPERTS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
+# The config values a tensor's size can come from, in the order messages name them.
+SIZE_KEYS = (
+    "vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size", "num_experts",
+    "num_attention_heads", "num_key_value_heads", "head_dim",
+)  # fmt: skip
+# The config values that decide whether a tensor is there (qkv_bias decides the attention biases; the config
+# keeps attention_bias equal to it).
+PRESENCE_KEYS = ("qkv_bias", "use_qk_norm", "sandwich_norm")
 
 
 def split_layer_name(name: str) -> tuple[int | None, str]:
@@ -72,10 +55,6 @@ def split_layer_name(name: str) -> tuple[int | None, str]:
     return None, name.removeprefix("model.")
 
 
-def _says(config, *keys: str) -> str:
-    return " and ".join(f"{key} {getattr(config, key)}" for key in keys)
-
-
 def q_proj_gate_type(config) -> str:
     """The gate type whose logits are rows of q_proj: the config's in the released layout, else ``"none"``."""
     return config.gate_type if getattr(config, "gate_in_q_proj", True) else "none"
@@ -85,17 +64,6 @@ def _has_own_gate(config) -> bool:  # a gate outside q_proj, with its projection
     return config.gate_type != "none" and not getattr(config, "gate_in_q_proj", True)
 
 
-def _own_gate_tensor(config) -> str | None:
-    """The tensor of a gate outside q_proj: ``g_proj.weight``, or the learned scores of an input-independent gate."""
-    if not _has_own_gate(config):
-        return None
-    return (
-        "self_attn.gate_logits"
-        if getattr(config, "gate_input", "hidden_states") == "none"
-        else "self_attn.g_proj.weight"
-    )
-
-
 def _gate_says(config) -> str:
     keys = ("gate_type",) if config.gate_type == "none" else ("gate_type", "gate_position", "gate_shared_across_heads")
     if config.gate_type != "none" and getattr(config, "gate_input", "hidden_states") != "hidden_states":
@@ -103,226 +71,150 @@ def _gate_says(config) -> str:
     return " and ".join(f"{key} {getattr(config, key)!r}" for key in keys)
 
 
-SANDWICH_NORMS = ("attn_output_layernorm.weight", "mlp_output_layernorm.weight")  # with sandwich_norm only
+def skeleton_tensors(config, layers: int, **changes) -> dict[str, tuple[int, ...]]:
+    """Names and shapes of the tensors of ``config``'s decoder (names inside it: ``layers.0.mlp.up_proj.weight``)
+    with its first ``layers`` layers, from the model built on the meta device: nothing is allocated, and the
+    work grows with ``layers`` (the caller's count of the layers a checkpoint holds), never the config's sizes.
+    ``changes`` are config values to build it with instead.
 
-
-def norm_shape(config, local: str) -> Expected | NoPlace | None:
-    """A decoder layer's RMSNorms (``input_layernorm``, ``post_attention_layernorm``, and with ``sandwich_norm`` the
-    attention's and MLP's output norms): ``(hidden_size,)``."""
-    if local in SANDWICH_NORMS and not getattr(config, "sandwich_norm", False):
-        return NoPlace("sandwich_norm False")
-    if local in ("input_layernorm.weight", "post_attention_layernorm.weight", *SANDWICH_NORMS):
-        return Expected((Dim(config.hidden_size, _says(config, "hidden_size")),))
-    return None
-
-
-def attention_shape(config, local: str) -> Expected | NoPlace | None:
-    """The attention tensors of a decoder layer (``self_attn.*``), gate rows of q_proj included."""
-    if not local.startswith("self_attn."):
-        return None
-    module, _, kind = local.removeprefix("self_attn.").rpartition(".")
-    hidden = Dim(config.hidden_size, _says(config, "hidden_size"))
-    heads, kv_heads, head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
-    q_rows = Dim(
-        q_proj_rows(q_proj_gate_type(config), heads, head_dim),
-        f"gate type {q_proj_gate_type(config)!r} with num_attention_heads {heads} and head_dim {head_dim}",
-    )
-    kv_rows = Dim(kv_heads * head_dim, _says(config, "num_key_value_heads", "head_dim"))
-    query_width = Dim(heads * head_dim, _says(config, "num_attention_heads", "head_dim"))
-    weights = {
-        "q_proj": (q_rows, hidden),
-        "k_proj": (kv_rows, hidden),
-        "v_proj": (kv_rows, hidden),
-        "o_proj": (hidden, query_width),
-    }
-    if local in ("self_attn.g_proj.weight", "self_attn.gate_logits"):
-        if _own_gate_tensor(config) != local:
-            return NoPlace(_gate_says(config))
-        gate_heads, width = gate_heads_and_width(config)
-        if local == "self_attn.gate_logits":  # (heads, width): no projection of the input
-            return Expected((Dim(gate_heads, _gate_says(config)), Dim(width, _gate_says(config))))
-        return Expected((Dim(gate_heads * width, _gate_says(config)), hidden))
-    if local == "self_attn.attn_output_transform.weight":  # RMSNorm over each head's SDPA output
-        if getattr(config, "attn_output_transform", "none") != "rmsnorm":
-            return NoPlace(f"attn_output_transform {getattr(config, 'attn_output_transform', 'none')!r}")
-        return Expected((Dim(head_dim, _says(config, "head_dim")),))
-    if module in weights and kind == "weight":
-        return Expected(weights[module])
-    if module in weights and kind == "bias":
-        if not config.attention_bias:  # qkv_bias decides; the config keeps attention_bias equal to it
-            return NoPlace(f"qkv_bias {config.attention_bias}")
-        return Expected(weights[module][:1])
-    if module in ("q_norm", "k_norm") and kind == "weight":
-        if not config.use_qk_norm:
-            return NoPlace("use_qk_norm False")
-        return Expected((Dim(head_dim, _says(config, "head_dim")),))
-    if module == "rotary_emb":  # a buffer some older checkpoints saved: not a weight, dropped on load
-        return None
-    return NoPlace()
-
-
-def mlp_shape(config, local: str) -> Expected | NoPlace | None:
-    """A dense SwiGLU MLP (``mlp.gate_proj``, ``mlp.up_proj``, ``mlp.down_proj``)."""
-    if not local.startswith("mlp."):
-        return None
-    hidden = Dim(config.hidden_size, _says(config, "hidden_size"))
-    inner = Dim(config.intermediate_size, _says(config, "intermediate_size"))
-    shapes = {
-        "mlp.gate_proj.weight": (inner, hidden),
-        "mlp.up_proj.weight": (inner, hidden),
-        "mlp.down_proj.weight": (hidden, inner),
-    }
-    return Expected(shapes[local]) if local in shapes else NoPlace()  # experts, a router: not in a dense model
-
-
-def dense_shape(config, name: str) -> Expected | NoPlace | None:
-    """The rule of the dense Qwen3Gated decoder (and stock Qwen3): embeddings, final norm, ``lm_head``, layers.
-
-    Names with or without the causal LM's ``model.`` prefix (a bare-model checkpoint has none). A tensor
-    outside the decoder and ``lm_head`` (a classifier's ``score``) is None: task heads follow transformers.
+    >>> from gated_qwen import Qwen3GatedConfig
+    >>> config = Qwen3GatedConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=20000,
+    ...                           num_attention_heads=4, num_key_value_heads=2, head_dim=8, gate_type="headwise")
+    >>> skeleton_tensors(config, 1, vocab_size=500000000)["embed_tokens.weight"]  # one layer built, on meta
+    (500000000, 32)
     """
+    import torch
+
+    from ..models.qwen3_gated.modeling_qwen3_gated import Qwen3GatedModel
+    from ..models.qwen3_moe_gated.modeling_qwen3_moe_gated import Qwen3MoeGatedModel
+
+    aliases = getattr(type(config), "attribute_map", {})  # num_experts is num_local_experts in transformers 5.25
+    values = {**config.to_dict(), **{aliases.get(k, k): v for k, v in changes.items()}, "num_hidden_layers": layers}
+    for key in ("layer_types", "dtype", "torch_dtype", "quantization_config"):  # no size: layer_types made again
+        values.pop(key, None)
+    decoder_class = Qwen3MoeGatedModel if config.model_type == "qwen3_moe_gated" else Qwen3GatedModel
+    small = type(config).from_dict(values)
+    with torch.device("meta"):
+        decoder = decoder_class(small)
+    return {name: tuple(tensor.shape) for name, tensor in decoder.state_dict().items()}
+
+
+def expected_shape(skeleton: Mapping[str, tuple[int, ...]], name: str) -> tuple[int, ...] | str | None:
+    """The shape ``skeleton`` (:func:`skeleton_tensors`) gives the checkpoint tensor ``name``; None outside the
+    decoder and ``lm_head`` (a task head, left to transformers); a str (what leaves it out, or "") where the
+    config has no place for it. An MoE's experts, stored one tensor per expert as ``save_pretrained`` writes
+    them, are slices of the model's fused ``mlp.experts.gate_up_proj`` (each expert's gate rows, then its up
+    rows) and ``mlp.experts.down_proj``."""
     layer, local = split_layer_name(name)
-    hidden = Dim(config.hidden_size, _says(config, "hidden_size"))
-    vocab = Dim(config.vocab_size, _says(config, "vocab_size"))
     if layer is None:
-        if local == "embed_tokens.weight" or name == "lm_head.weight":
-            return Expected((vocab, hidden))
-        if local == "norm.weight":
-            return Expected((hidden,))
-        return None
-    for rule in (attention_shape, mlp_shape, norm_shape):
-        expected = rule(config, local)
-        if expected is not None:
-            return expected
-    return NoPlace()
-
-
-def dense_layer_tensors(config, layer: int = 0, held: set[str] = frozenset()) -> dict[str, str]:
-    """The tensors each decoder layer of a dense Qwen3Gated model holds (names inside the layer), each with
-    the config value that asks for it ("" where every config does). Never grows with the config's sizes."""
-    names = dict.fromkeys(
-        [
-            "input_layernorm.weight",
-            "post_attention_layernorm.weight",
-            "mlp.gate_proj.weight",
-            "mlp.up_proj.weight",
-            "mlp.down_proj.weight",
-        ]
-        + [f"self_attn.{m}_proj.weight" for m in "qkvo"],
-        "",
-    )
-    if config.attention_bias:
-        names.update(dict.fromkeys([f"self_attn.{m}_proj.bias" for m in "qkvo"], f"qkv_bias {config.attention_bias}"))
-    if config.use_qk_norm:
-        names.update(dict.fromkeys(["self_attn.q_norm.weight", "self_attn.k_norm.weight"], "use_qk_norm True"))
-    if _has_own_gate(config):
-        names[_own_gate_tensor(config)] = _gate_says(config)
-    if getattr(config, "attn_output_transform", "none") == "rmsnorm":
-        names["self_attn.attn_output_transform.weight"] = "attn_output_transform 'rmsnorm'"
-    if getattr(config, "sandwich_norm", False):
-        names.update(dict.fromkeys(SANDWICH_NORMS, "sandwich_norm True"))
-    return names
-
-
-_EXPERT = re.compile(r"^mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
-FUSED_EXPERTS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
-
-
-def _is_sparse(config, layer: int) -> bool:  # transformers' Qwen3MoeDecoderLayer rule
-    return (
-        layer not in (config.mlp_only_layers or [])
-        and config.num_experts > 0
-        and (layer + 1) % config.decoder_sparse_step == 0
-    )
-
-
-def moe_shape(config, name: str) -> Expected | NoPlace | None:
-    """The rule of the gated Qwen3-MoE decoder (and stock Qwen3-MoE, read as gate "none"): the dense rule,
-    with the router and experts in the sparse layers and a dense MLP of ``intermediate_size`` elsewhere."""
-    layer, local = split_layer_name(name)
-    if layer is None or not local.startswith("mlp.") or not _is_sparse(config, layer):
-        return dense_shape(config, name)  # a dense layer (mlp_only_layers) has a dense MLP and no experts
-    hidden = Dim(config.hidden_size, _says(config, "hidden_size"))
-    inner = Dim(config.moe_intermediate_size, _says(config, "moe_intermediate_size"))
-    experts = Dim(config.num_experts, _says(config, "num_experts"))
-    if local == "mlp.gate.weight":
-        return Expected((experts, hidden))
+        return skeleton["embed_tokens.weight"] if name == "lm_head.weight" else skeleton.get(local)
+    key = f"layers.{layer}.{local}"
+    if key in skeleton:
+        return skeleton[key]
     expert = _EXPERT.match(local)
-    if expert:
-        if int(expert.group(1)) >= config.num_experts:
-            return NoPlace(_says(config, "num_experts"))
-        return Expected((hidden, inner) if expert.group(2) == "down_proj" else (inner, hidden))
-    if local == "mlp.experts.gate_up_proj":
-        return Expected(
-            (experts, Dim(2 * config.moe_intermediate_size, _says(config, "moe_intermediate_size")), hidden)
-        )
-    if local == "mlp.experts.down_proj":
-        return Expected((experts, hidden, inner))
-    return NoPlace(
-        f"layer {layer} sparse (num_experts {config.num_experts}, mlp_only_layers {config.mlp_only_layers})"
-    )
+    fused = skeleton.get(f"layers.{layer}.{FUSED_EXPERTS[expert.group(2) == 'down_proj']}") if expert else None
+    if fused is None:
+        return None if local.startswith("self_attn.rotary_emb.") else ""  # a buffer older checkpoints saved
+    if int(expert.group(1)) >= fused[0]:
+        return f"num_experts {fused[0]}"
+    return fused[1:] if expert.group(2) == "down_proj" else (fused[1] // 2, fused[2])
 
 
-def moe_layer_tensors(config, layer: int = 0, held: set[str] = frozenset()) -> dict[str, str]:
-    """What one decoder layer of a gated Qwen3-MoE must hold. A sparse layer: the router and every expert,
-    one tensor per expert and projection (as ``save_pretrained`` writes them) or the two fused tensors when the
-    layer holds those. Bounded by what the layer holds: at most a few of the missing experts are named."""
-    names = dense_layer_tensors(config)
-    if not _is_sparse(config, layer):
+class ConfigTensors:
+    """What ``config`` says the tensors of its first ``layers`` decoder layers are (a skeleton on the meta device,
+    :func:`skeleton_tensors`), and which config values say so: the ones whose change moves a size, or makes a
+    tensor appear or go, found on skeletons built with each changed (only once a message needs them)."""
+
+    def __init__(self, config, layers: int):
+        self.config, self.layers = config, layers
+        self.skeleton = skeleton_tensors(config, layers)
+        self._changed: dict[str, dict | None] = {}
+
+    def shape(self, name: str) -> tuple[int, ...] | str | None:
+        return expected_shape(self.skeleton, name)
+
+    def _with_changed(self, key: str) -> dict | None:
+        if key not in self._changed:
+            value, self._changed[key] = getattr(self.config, key, None), None
+            others = (
+                (not value,) if isinstance(value, bool) else (value * 2, value // 2) if isinstance(value, int) else ()
+            )
+            for other in others:
+                try:
+                    self._changed[key] = skeleton_tensors(self.config, self.layers, **{key: other})
+                    break
+                except Exception:  # noqa: BLE001 - a value the config refuses (kv heads above heads): the next
+                    continue
+        return self._changed[key]
+
+    def size_says(self, name: str, dim: int) -> str:
+        """The config values that size dimension ``dim`` of ``name``: ``"num_key_value_heads 4 and head_dim 16"``."""
+        keys = []
+        for key in SIZE_KEYS:
+            other = self._with_changed(key) if getattr(self.config, key, 0) not in (0, 1, None) else None
+            shape = expected_shape(other, name) if other is not None else None
+            if isinstance(shape, tuple) and (len(shape) <= dim or shape[dim] != self.shape(name)[dim]):
+                keys.append(key)
+        return " and ".join(f"{key} {getattr(self.config, key)}" for key in keys)
+
+    def presence_says(self, name: str) -> str:
+        """The config values that put ``name`` there or leave it out: ``"use_qk_norm False"``; "" where none does."""
+        layer, local = split_layer_name(name)
+        if local.startswith(("self_attn.g_proj.", "self_attn.gate_logits")):
+            return _gate_says(self.config)
+        if local.startswith(("mlp.experts.", "mlp.gate.")) and getattr(self.config, "num_experts", 0):
+            return f"num_experts {self.config.num_experts}"
+        present = isinstance(self.shape(name), tuple)
+        keys = [
+            key
+            for key in PRESENCE_KEYS
+            if (other := self._with_changed(key)) is not None
+            and isinstance(expected_shape(other, name), tuple) != present
+        ]
+        return " and ".join(f"{key} {getattr(self.config, key)}" for key in keys)
+
+    def required(self, layer: int, held: set[str]) -> list[str]:
+        """The names inside decoder layer ``layer`` it must hold, given the names ``held`` there: an MoE's experts
+        fused where it holds them fused, else one tensor per expert (a few missing ones named at most)."""
+        prefix = f"layers.{layer}."
+        names = [key.removeprefix(prefix) for key in self.skeleton if key.startswith(prefix)]
+        if prefix + FUSED_EXPERTS[0] not in self.skeleton or any(local in held for local in FUSED_EXPERTS):
+            return names
+        names, missing = [local for local in names if local not in FUSED_EXPERTS], 0
+        for index in range(self.skeleton[prefix + FUSED_EXPERTS[0]][0]):  # bounded by the experts held
+            for projection in ("gate_proj", "up_proj", "down_proj"):
+                names.append(f"mlp.experts.{index}.{projection}.weight")
+                missing += names[-1] not in held
+            if missing >= 6:
+                break
         return names
-    for local in ("mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"):
-        del names[local]
-    says = _says(config, "num_experts")
-    names["mlp.gate.weight"] = says
-    if any(local in held for local in FUSED_EXPERTS):
-        names.update(dict.fromkeys(FUSED_EXPERTS, says))
-        return names
-    missing = 0
-    for index in range(config.num_experts):  # stops at the first few missing: bounded by the experts held
-        for projection in ("gate_proj", "up_proj", "down_proj"):
-            local = f"mlp.experts.{index}.{projection}.weight"
-            if local not in held:
-                missing += 1
-            names[local] = says
-        if missing >= 6:
-            break
-    return names
-
-
-@dataclass(frozen=True)
-class ShapeRule:
-    """A model type's expectations: ``shape(config, name)`` for any tensor found, and
-    ``layer_tensors(config, layer, held)``, what decoder layer ``layer`` must hold given the names ``held`` in it
-    (names inside the layer -> the config value asking for it, or "")."""
-
-    shape: Callable[[object, str], Expected | NoPlace | None]
-    layer_tensors: Callable[[object, int, set[str]], dict[str, str]]
-
-
-DENSE = ShapeRule(dense_shape, dense_layer_tensors)
-MOE = ShapeRule(moe_shape, moe_layer_tensors)
-# model_type -> its rule. A stock Qwen3 config is read as Qwen3Gated (gate "none"), a stock Qwen3-MoE one as
-# Qwen3MoeGated, so each family has one model_type.
-SHAPE_RULES: dict[str, ShapeRule] = {"qwen3_gated": DENSE, "qwen3_moe_gated": MOE}
 
 
 def _shown(shape) -> str:
     return "(" + ", ".join(map(str, shape)) + (",)" if len(shape) == 1 else ")")
 
 
-# torchao's safetensors layout (transformers' TorchAoHfQuantizer.serialized_names): a quantized parameter
-# "<module>.weight" is stored as its tensor subclass's parts, "<module>._weight_qdata", "<module>._weight_scale", ...
+# Each quantizer's safetensors layout, as its save_pretrained writes it. torchao (transformers'
+# TorchAoHfQuantizer.serialized_names): "<module>.weight" stored as its tensor subclass's parts,
+# "<module>._weight_qdata", "<module>._weight_scale", ... bitsandbytes 4-bit: "<module>.weight" packed
+# (two values a byte, as one column) beside its quant state, "<module>.weight.absmax", ".quant_map",
+# ".nested_absmax", ".nested_quant_map", ".quant_state.bitsandbytes__nf4" (or __fp4).
 _QUANTIZED_PART = re.compile(
     r"^(.+)\._(\w+?)_(?:qdata|scale_and_zero|per_tensor_scale|scale|zero_point|act_pre_scale)$"
+    r"|^(.+)\.(weight)\.(?:absmax|quant_map|nested_absmax|nested_quant_map|quant_state\.bitsandbytes__\w+)$"
 )
+# bitsandbytes 8-bit: "<module>.weight" as int8 in the weight's own shape, beside "<module>.SCB" (a scale per
+# row) and "<module>.weight_format": the weight is checked as any other, these two belong to it.
+_QUANTIZER_EXTRA = re.compile(r"^(.+)\.(?:SCB|weight_format)$")
 
 
 def quantized_parameters(tensors: Mapping[str, TensorInfo]) -> tuple[dict[str, TensorInfo], set[str]]:
-    """The tensors under the model's parameter names, and the names whose tensors a quantizer (torchao) owns.
+    """The tensors under the model's parameter names, and the names whose stored shape a quantizer owns.
 
-    A quantized parameter's parts become the one parameter, so that what the checkpoint holds is checked
-    as for any other; its entry is one part's header, whose shape is the quantizer's (packed formats store
-    another shape than the weight's): check it on the loaded model (:func:`loaded_shapes`).
+    A quantized parameter's parts (torchao, bitsandbytes 4-bit) become the one parameter, so that what the
+    checkpoint holds is checked as for any other; its entry is one part's header, whose shape is the
+    quantizer's (packed formats store another shape than the weight's): check it on the loaded model
+    (:func:`loaded_shapes`). bitsandbytes 8-bit stores the weight in its own shape: only its scales go.
 
     >>> qdata, scale = TensorInfo((36, 32), "I8"), TensorInfo((36, 1), "F32")  # int8 weight, one scale per row
     >>> quantized_parameters({"q_proj._weight_qdata": qdata, "q_proj._weight_scale": scale})
@@ -332,17 +224,21 @@ def quantized_parameters(tensors: Mapping[str, TensorInfo]) -> tuple[dict[str, T
     quantized: set[str] = set()
     for name, info in tensors.items():
         part = _QUANTIZED_PART.match(name)
-        if part is None:
+        if part is not None:
+            module, parameter = (part.group(1), part.group(2)) if part.group(1) else (part.group(3), part.group(4))
+            quantized.add(f"{module}.{parameter}")
+            plain.setdefault(f"{module}.{parameter}", info)
+        elif not ((extra := _QUANTIZER_EXTRA.match(name)) and f"{extra.group(1)}.weight" in tensors):
             plain[name] = info
-        else:
-            quantized.add(f"{part.group(1)}.{part.group(2)}")
-            plain.setdefault(f"{part.group(1)}.{part.group(2)}", info)
+    for name in quantized & tensors.keys():  # a bitsandbytes 4-bit weight: the packed bytes, not the weight
+        plain[name] = tensors[name]
     return plain, quantized
 
 
 def loaded_shapes(model, tensors: Mapping[str, TensorInfo], names: set[str]) -> dict[str, TensorInfo]:
-    """``tensors`` with the shapes of ``names`` taken from the loaded ``model``: a quantized weight (a torchao
-    tensor subclass) reports the shape of the weight it stands for, whatever its storage.
+    """``tensors`` with the shapes of ``names`` taken from the loaded ``model``: a quantized weight reports the
+    shape of the weight it stands for, whatever its storage (a torchao tensor subclass its own shape, a
+    bitsandbytes 4-bit weight its quant state's).
 
     >>> from gated_qwen import Qwen3GatedConfig, Qwen3GatedForCausalLM
     >>> config = Qwen3GatedConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -352,13 +248,14 @@ def loaded_shapes(model, tensors: Mapping[str, TensorInfo], names: set[str]) -> 
     >>> loaded_shapes(model, tensors, {name})[name].shape  # 4 heads of 8 query rows and 1 gate row, 32 wide
     (36, 32)
     """
-    params = model.state_dict()
+    params = dict(model.named_parameters())
     shapes = dict(tensors)
     for name in names:
         # A bare-model checkpoint's names lack the causal LM's prefix.
         param = params.get(name, params.get(f"{model.base_model_prefix}.{name}"))
         if param is not None:  # absent from the model: transformers reports it
-            shapes[name] = TensorInfo(tuple(param.shape), tensors[name].dtype)
+            shape = getattr(getattr(param, "quant_state", None), "shape", None) or param.shape
+            shapes[name] = TensorInfo(tuple(shape), tensors[name].dtype)
     return shapes
 
 
@@ -385,43 +282,41 @@ def weight_disagreements(
     >>> weight_disagreements(config, tensors)
     ['config.json says vocab_size 500, but model.embed_tokens.weight is (4096, 256), not (500, 256)']
     """
-    rule = SHAPE_RULES.get(getattr(config, "model_type", None), DENSE)
     layers: dict[int, str] = {}
     held: dict[int, set[str]] = {}  # layer -> the names inside it that the checkpoint holds
-    problems: list[tuple[tuple, str]] = []
-    no_place: dict[str, list[str]] = {}
-    for name, info in tensors.items():
+    for name in tensors:
         layer, local = split_layer_name(name)
         if layer is not None:
             layers.setdefault(layer, name.removesuffix(local).rstrip("."))
             held.setdefault(layer, set()).add(local)
-            if layer >= config.num_hidden_layers:
-                continue  # reported once, as the layer count, below
-        expected = rule.shape(config, name)
+    # The layers built: those the checkpoint holds (one at least), within the config's count, never that count alone.
+    expected = ConfigTensors(config, max(1, min(config.num_hidden_layers, max(layers, default=0) + 1)))
+    problems: list[tuple[tuple, str]] = []
+    no_place: dict[str, list[str]] = {}
+    for name, info in tensors.items():
+        layer, local = split_layer_name(name)
+        if layer is not None and layer >= config.num_hidden_layers:
+            continue  # reported once, as the layer count, below
+        shape = expected.shape(name)
         # q_proj's weight first within its layer: its sentence names the gate type the rows imply.
         order = (layer is not None, layer or 0, local != "self_attn.q_proj.weight", local)
-        if isinstance(expected, NoPlace):
-            no_place.setdefault(expected.says, []).append(name)
-        elif expected is not None and name not in unchecked and tuple(info.shape) != expected.shape:
+        if isinstance(shape, str):
+            no_place.setdefault(shape or expected.presence_says(name), []).append(name)
+        elif shape is not None and name not in unchecked and tuple(info.shape) != shape:
             if local == "self_attn.q_proj.weight" and len(info.shape) == 2:
                 problems.append((order, _q_proj_sentence(config, name, tuple(info.shape))))
-            elif sizes or local.startswith(
-                ("self_attn.q_proj.", "self_attn.g_proj.", "self_attn.gate_logits")
-            ):  # gates never re-initialised
-                found = tuple(info.shape)
-                wrong = [dim.says for i, dim in enumerate(expected.dims) if i >= len(found) or found[i] != dim.size]
-                says = " and ".join(dict.fromkeys(wrong)) or f"{len(expected.dims)} dimensions"
-                problems.append(
-                    (order, f"config.json says {says}, but {name} is {_shown(found)}, not {_shown(expected.shape)}")
-                )
+            elif sizes or local.startswith(("self_attn.q_proj.", "self_attn.g_proj.", "self_attn.gate_logits")):
+                # gates never re-initialised
+                problems.append((order, _size_sentence(expected, name, tuple(info.shape), shape)))
     sentences = _layer_count_sentences(config.num_hidden_layers, layers)
     sentences += [sentence for _, sentence in sorted(problems)]
-    # Within the layers it holds (never the config's count of them), each tensor the config asks for.
     lacking: dict[str, list[str]] = {}
     for layer in sorted(index for index in held if index < config.num_hidden_layers):
-        for local, says in rule.layer_tensors(config, layer, held[layer]).items():
+        for local in expected.required(layer, held[layer]):
             if local not in held[layer]:
-                lacking.setdefault(says, []).append(f"{layers[layer]}.{local}")
+                lacking.setdefault(expected.presence_says(f"layers.{layer}.{local}"), []).append(
+                    f"{layers[layer]}.{local}"
+                )
     for says, names in lacking.items():
         shown = ", ".join(sorted(names)[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
         sentences.append(
@@ -436,6 +331,12 @@ def weight_disagreements(
             + f"{shown}, which the config has no place for"
         )
     return sentences
+
+
+def _size_sentence(expected: ConfigTensors, name: str, found: tuple[int, ...], shape: tuple[int, ...]) -> str:
+    wrong = [expected.size_says(name, i) for i in range(len(shape)) if i >= len(found) or found[i] != shape[i]]
+    says = " and ".join(dict.fromkeys(s for s in wrong if s)) or f"{len(shape)} dimensions"
+    return f"config.json says {says}, but {name} is {_shown(found)}, not {_shown(shape)}"
 
 
 def _layer_count_sentences(num_hidden_layers: int, layers: dict[int, str]) -> list[str]:
@@ -639,27 +540,16 @@ def check_loaded_weights(model, loading_info: dict, checkpoint_keys: set[str] | 
 
 
 __all__ = [
-    "DENSE",
-    "MOE",
-    "SHAPE_RULES",
-    "Dim",
-    "Expected",
-    "NoPlace",
-    "ShapeRule",
-    "attention_shape",
+    "ConfigTensors",
     "check_layer_count",
     "check_loaded_weights",
     "check_q_proj_layout",
     "check_weights_match_config",
-    "dense_layer_tensors",
-    "dense_shape",
+    "expected_shape",
     "loaded_shapes",
-    "mlp_shape",
-    "moe_layer_tensors",
-    "moe_shape",
-    "norm_shape",
     "quantized_parameters",
     "required_head_keys",
+    "skeleton_tensors",
     "split_layer_name",
     "weight_disagreements",
 ]

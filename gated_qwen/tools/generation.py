@@ -27,10 +27,10 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, GenerationConfig, TextStreamer
 from transformers.utils import logging
-from transformers.utils.hub import cached_files
 
 from ..checkpoint import read_config_json
-from ..checkpoint.hub import hub_error, resolve_source
+from ..checkpoint.formats import present_files
+from ..checkpoint.hub import hub_error, resolve_source, source_location
 from ..errors import GatedQwenError
 from ..models.auto import causal_lm_class
 from ..models.qwen3_gated.modeling_qwen3_gated import Qwen3GatedForCausalLM
@@ -88,19 +88,15 @@ def check_tokenizer_files(
     """
     local = resolve_source(source, subfolder, revision)  # a missing folder is named as such, not as "no tokenizer"
     names = [name for names in TOKENIZER_FILE_SETS for name in names]
-    # One hub call for all candidates.
     try:
-        found = (
-            cached_files(
-                source, names, subfolder=subfolder, revision=revision, _raise_exceptions_for_missing_entries=False
-            )
-            or []
-        )
+        found_names = set(present_files(source, names, subfolder=subfolder, revision=revision))
     except OSError as error:
-        raise hub_error(error.__cause__ or error, source, subfolder, revision) from error
-    found_names = {Path(path).name for path in found}
+        mapped = hub_error(error.__cause__ or error, source, subfolder, revision)
+        if mapped is error:
+            raise
+        raise mapped from error
     if not any(found_names.issuperset(names) for names in TOKENIZER_FILE_SETS):
-        where = f"{source}" + (f" (subfolder {subfolder})" if subfolder else "")
+        where = source_location(source, subfolder)
         if local is None:
             where += " (on the hub, or in the local cache when offline)"
         wanted = ", or ".join(" and ".join(names) for names in TOKENIZER_FILE_SETS)
@@ -168,9 +164,7 @@ def load_model(
     if info["missing_keys"]:
         missing = sorted(info["missing_keys"])
         raise GatedQwenError(
-            f"{model}"
-            + (f" (subfolder {subfolder})" if subfolder else "")
-            + f" lacks {', '.join(missing[:4])}"
+            f"{source_location(model, subfolder)} lacks {', '.join(missing[:4])}"
             + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
             + ": it is not a complete causal language model (a bare Qwen3GatedModel checkpoint has no lm_head)"
         )

@@ -158,8 +158,19 @@ def test_corrupt_files_get_one_clear_message(released_checkpoint):
     with pytest.raises(CheckpointError, match="corrupt or truncated"):
         read_checkpoint_header(folder)
     (folder / "config.json").write_text("{not json")
-    with pytest.raises(CheckpointError, match="not valid JSON"):
+    with pytest.raises(CheckpointError, match="not valid JSON") as raised:
         read_checkpoint_header(folder)
+    assert isinstance(raised.value.__cause__, json.JSONDecodeError)  # the cause stays for Python callers
+
+
+def test_a_cli_error_with_a_cause_is_still_one_line(released_checkpoint, capsys):
+    from gated_qwen.cli import main
+
+    folder, _ = released_checkpoint(weights="safetensors")
+    (folder / "config.json").write_text("{not json")
+    assert main(["inspect", str(folder)]) == 2
+    err = capsys.readouterr().err
+    assert "not valid JSON" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
 def test_offsets_locate_each_tensors_bytes(tmp_path):
@@ -173,7 +184,7 @@ def test_offsets_locate_each_tensors_bytes(tmp_path):
         start, end = offsets[name]
         assert data[start:end] == tensor.view(-1).view(torch.uint8).numpy().tobytes(), name
     path.write_bytes(data[:-4])  # the last tensor's bytes cut short
-    with pytest.raises(CheckpointError, match="shorter than its header says"):
+    with pytest.raises(CheckpointError, match="corrupt or truncated"):
         read_local_safetensors_offsets(path)
     path.write_bytes(b"\x04\x00\x00\x00\x00\x00\x00\x00{no}")
     with pytest.raises(CheckpointError, match="corrupt or truncated"):

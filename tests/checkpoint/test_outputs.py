@@ -35,20 +35,21 @@ def listing(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir())
 
 
-def dead_pid() -> int:
-    """The pid of a process that has finished (and been reaped)."""
-    child = subprocess.Popen([sys.executable, "-c", "pass"])
-    child.wait()
-    return child.pid
-
-
-def leftover(folder: Path, name: str, pid: int, state: str = "partial", host: str | None = None) -> Path:
-    """A folder named as a staging folder of process ``pid`` (start time unknown: 0)."""
-    host = host or outputs._host_hash()
-    path = folder / f".{name}.gated-qwen-{pid}-0-{host}-abcdef.{state}"
+def leftover(folder: Path, name: str, state: str = "partial") -> Path:
+    """A folder named as a staging folder whose writer is gone: nothing holds its lock."""
+    path = folder / f".{name}.abcdef12.gated-qwen.{state}"
     path.mkdir()
     (path / "model.safetensors").write_bytes(b"half")
     return path
+
+
+def held(path: Path) -> int:
+    """Lock ``path`` as a running writer does (another open file description, as another process has)."""
+    import fcntl
+
+    fd = os.open(path, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return fd
 
 
 # ---------------------------------------------------------------------------------------------- the mechanism
@@ -173,23 +174,37 @@ def test_a_folder_filled_by_someone_else_meanwhile_is_not_replaced(tmp_path):
 
 
 def test_leftovers_of_dead_runs_are_removed_and_the_rest_reported(tmp_path, caplog):
-    pid = dead_pid()
-    stale = leftover(tmp_path, "dst", pid)
-    deleting = leftover(tmp_path, "dst", pid, state="deleting")
-    replaced = leftover(tmp_path, "dst", pid, state="old")
-    elsewhere = leftover(tmp_path, "dst", 1, host="00000000")
-    alive = leftover(tmp_path, "other", os.getpid())
+    stale = leftover(tmp_path, "dst")
+    deleting = leftover(tmp_path, "dst", state="deleting")
+    replaced = leftover(tmp_path, "dst", state="old")
+    alive = leftover(tmp_path, "other")
+    lock = held(alive)
     (tmp_path / ".not-ours.partial").mkdir()
-    with caplog.at_level(logging.WARNING):
-        with OutputFolder(tmp_path / "dst") as staging:
-            (staging / "x").write_text("x")
+    try:
+        with caplog.at_level(logging.WARNING):
+            with OutputFolder(tmp_path / "dst") as staging:
+                (staging / "x").write_text("x")
+    finally:
+        os.close(lock)
     assert not stale.exists() and not deleting.exists()
-    assert replaced.exists() and elsewhere.exists() and alive.exists()  # data, another host, a live process
+    assert replaced.exists() and alive.exists()  # data, a live run's work
+    assert (tmp_path / ".not-ours.partial").exists()
     assert listing(tmp_path / "dst") == ["x"]
     messages = caplog.text
-    assert f"removed {stale}" in messages and f"process {pid}" in messages
+    assert f"removed {stale}" in messages and "stopped while writing" in messages
     assert f"{replaced} holds what {tmp_path} held before" in messages
-    assert f"{elsewhere} was left by process 1 on another host" in messages
+
+
+def test_a_staging_folder_has_the_mode_a_plain_folder_gets(tmp_path):
+    os.umask(previous := os.umask(0o022))
+    try:
+        with OutputFolder(tmp_path / "dst") as staging:
+            assert staging.stat().st_mode & 0o777 == 0o755  # not mkdtemp's 0700, which DST would keep
+        with output_file(tmp_path / "f.json") as partial:
+            partial.write_text("{}")
+        assert (tmp_path / "f.json").stat().st_mode & 0o777 == 0o644
+    finally:
+        os.umask(previous)
 
 
 def test_output_file_replaces_whole_and_keeps_a_link(tmp_path):
@@ -207,7 +222,7 @@ def test_output_file_replaces_whole_and_keeps_a_link(tmp_path):
 
 
 def test_scratch_folders_of_killed_runs_are_removed_by_the_next(tmp_path):
-    stale = leftover(tmp_path, "gated-qwen-bench", dead_pid())
+    stale = leftover(tmp_path, "gated-qwen-bench")
     with scratch_folder(tmp_path, name="gated-qwen-bench") as scratch:
         assert not stale.exists() and scratch.parent == tmp_path
     assert listing(tmp_path) == []

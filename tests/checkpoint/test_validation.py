@@ -13,16 +13,14 @@ import json
 import shutil
 import signal
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
 from conftest import write_released_checkpoint
 from safetensors.torch import save_file
 
-from gated_qwen import Qwen3GatedConfig, Qwen3GatedForCausalLM
+from gated_qwen import Qwen3GatedConfig, Qwen3GatedForCausalLM, Qwen3MoeGatedConfig
 from gated_qwen.checkpoint import TensorInfo, check_weights_match_config, weight_disagreements
-from gated_qwen.checkpoint.validation import SHAPE_RULES
 from gated_qwen.errors import CheckpointError
 from gated_qwen.models.qwen3_gated import modeling_qwen3_gated
 
@@ -90,12 +88,17 @@ def edited_arm(arm, tmp_path):
 
 @pytest.fixture
 def no_model_built(monkeypatch):
-    """Building the decoder fails the test: the refusal must come from the headers, before construction."""
+    """Building the decoder fails the test unless on the meta device (where nothing is allocated: the check
+    reads what the config implies from such a skeleton), and only with the layers the checkpoint holds: the
+    refusal must come from the headers, before anything is allocated."""
+    build = modeling_qwen3_gated.Qwen3GatedModel.__init__
 
     def refuse(self, config):
-        raise AssertionError(
-            f"a model was built for {config.num_hidden_layers} layers, vocabulary {config.vocab_size}"
-        )
+        if torch.get_default_device().type != "meta" or config.num_hidden_layers > 2:
+            raise AssertionError(
+                f"a model was built for {config.num_hidden_layers} layers, vocabulary {config.vocab_size}"
+            )
+        build(self, config)
 
     monkeypatch.setattr(modeling_qwen3_gated.Qwen3GatedModel, "__init__", refuse)
 
@@ -309,30 +312,9 @@ def test_another_model_type_adds_its_shapes_without_changing_the_check(arm):
     # The dense type has no place for them: reported as such, not a crash on names it does not know.
     assert any("mlp.experts" in s and "no place for" in s for s in weight_disagreements(dense, tensors))
 
-    # The MoE family's rule reads the same tensors through the same check.
-    assert "qwen3_moe_gated" in SHAPE_RULES
-    moe = SimpleNamespace(
-        **{
-            k: getattr(dense, k)
-            for k in (
-                "num_hidden_layers",
-                "hidden_size",
-                "vocab_size",
-                "num_attention_heads",
-                "num_key_value_heads",
-                "head_dim",
-                "gate_type",
-                "attention_bias",
-                "use_qk_norm",
-                "intermediate_size",
-            )
-        },
-        model_type="qwen3_moe_gated",
-        moe_intermediate_size=32,
-        num_experts=2,
-        mlp_only_layers=[],
-        decoder_sparse_step=1,
-    )
+    # The MoE family's model reads the same tensors through the same check.
+    values = {**dense.to_dict(), "moe_intermediate_size": 32, "num_experts": 2, "num_experts_per_tok": 1}
+    moe = Qwen3MoeGatedConfig.from_dict({**values, "model_type": "qwen3_moe_gated", "mlp_only_layers": []})
     assert weight_disagreements(moe, tensors) == []
     # a third expert the config does not count, and a missing one, are both named
     extra = {**tensors, "model.layers.0.mlp.experts.2.up_proj.weight": TensorInfo((32, 64), "F32")}
@@ -342,8 +324,9 @@ def test_another_model_type_adds_its_shapes_without_changing_the_check(arm):
         "lacks" in s and "model.layers.1.mlp.experts.1.down_proj.weight" in s
         for s in weight_disagreements(moe, lacking)
     )
-    # its attention is still the dense rule's: a wrong kv head count is still found
-    assert weight_disagreements(SimpleNamespace(**{**vars(moe), "num_key_value_heads": 4}), tensors)[0].startswith(
+    # its attention is still the dense decoder's: a wrong kv head count is still found
+    more_kv = Qwen3MoeGatedConfig.from_dict({**moe.to_dict(), "num_key_value_heads": 4})
+    assert weight_disagreements(more_kv, tensors)[0].startswith(
         "config.json says num_key_value_heads 4 and head_dim 16"
     )
 
