@@ -64,7 +64,7 @@ from .model_init import (
     read_init_config,
 )
 from .reporting import LOG_FIELDS, evaluate, plot_losses, unigram_perplexity
-from .trainer import GatedTrainer, train
+from .trainer import GatedTrainer, train, trainer_for_rows
 
 
 __all__ = [
@@ -99,5 +99,6 @@ __all__ = [
     "separate_gate_rows",
     "train",
     "train_tokenizer",
+    "trainer_for_rows",
     "unigram_perplexity",
 ]
