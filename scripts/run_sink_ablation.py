@@ -216,6 +216,24 @@ def table(runs: list[dict], arms: list[str]) -> str:
     return "\n".join(lines)
 
 
+def curve_table(runs: list[dict], arms: list[str], columns: int = 10) -> str:
+    """First-token attention over training, the mean over seeds, at about ``columns`` evenly spaced records."""
+    steps = runs[0]["curve"]["steps"]
+    stride = max(1, (len(steps) - 1) // columns)
+    picked = list(range(0, len(steps), stride))
+    if picked[-1] != len(steps) - 1:
+        picked.append(len(steps) - 1)
+    lines = [
+        "| arm | " + " | ".join(f"step {steps[i]}" for i in picked) + " |",
+        "|---" * (len(picked) + 1) + "|",
+    ]
+    for arm in arms:
+        curves = [run["curve"]["first_token_attention"] for run in runs if run["arm"] == arm]
+        means = [statistics.fmean(curve[i] for curve in curves) for i in picked]
+        lines.append(f"| {arm} | " + " | ".join(f"{value:.2f}" for value in means) + " |")
+    return "\n".join(lines)
+
+
 def plot_curves(runs: list[dict], arms: list[str], path: Path) -> None:
     """First-token attention over training, the mean over seeds, one line per arm; uniform attention dashed."""
     import matplotlib
@@ -257,12 +275,15 @@ def main(argv=None):
         left_out=left_out,
         paper_table4=PAPER_TABLE4,
         elapsed_s=round(time.perf_counter() - start, 1),
+        run_time_s=round(sum(run["elapsed_s"] for run in runs), 1),
         runs=runs,
     )
-    markdown = table(runs, arms)
+    markdown = (
+        table(runs, arms) + "\n\nFirst-token attention over training (mean over seeds):\n\n" + curve_table(runs, arms)
+    )
     notes = [
         f"Each cell: mean ± sd over seeds {', '.join(map(str, args.seeds))}; {args.steps} steps of {args.batch_size} "
-        f"rows of 16 tokens per run ({runs[0]['parameters']:,} parameters, baseline-sized), AdamW at {args.lr} "
+        f"rows of 16 tokens per run ({runs[0]['parameters']:,} parameters in {arms[0]}), AdamW at {args.lr} "
         "(constant after 100 warmup steps), weight decay 0.1. First-token attention: the mean over the heads of the "
         "layer where it is largest of the attention that non-trigger queries put on BOS, on 512 probe rows; uniform "
         "attention gives the figure in the uniform column. Heads sinking: share of heads above 0.3. Settled by: the "
@@ -271,7 +292,11 @@ def main(argv=None):
     ]
     if left_out:
         notes.append("Left out (the installed Qwen3GatedConfig lacks them): " + "; ".join(left_out) + ".")
-    notes.append(f"Wall time of this invocation: {report['elapsed_s'] / 60:.1f} min with {args.jobs} processes.")
+    notes.append(
+        f"Time: {report['run_time_s'] / 60:.1f} min of training and measuring in all ({len(runs)} runs, each on one "
+        f"thread, {args.jobs} side by side); this invocation took {report['elapsed_s'] / 60:.1f} min "
+        "(runs finished before are reused from --runs)."
+    )
     write_results(args.out, report, markdown + "\n\n" + "\n\n".join(notes) + "\n\n" + describe(report) + "\n")
     plot_curves(runs, arms, args.out / "first_token_attention.png")
     print(markdown)
