@@ -178,6 +178,11 @@ def first_token_attention_by_head(model, task: BigramBackcopy, input_ids: torch.
     :func:`~gated_qwen.tools.analysis.record_attention` leaves out the queries its mask marks 0 and takes the first
     marked token as the first token; the mask here marks BOS and the non-trigger queries, so the first token stays
     BOS and only the queries where the copying head has nothing to do count. The model sees no mask.
+
+    >>> task = BigramBackcopy()
+    >>> model = build_model(task, {"gate_type": "none"}, seed=0)
+    >>> first_token_attention_by_head(model, task, task.sample(8, seed=0)).shape  # (layers, heads)
+    torch.Size([1, 1])
     """
     queries = task.non_trigger_queries(input_ids)
     queries[:, 0] = True  # BOS: the first token, not a query (skip_first=1)
@@ -187,7 +192,11 @@ def first_token_attention_by_head(model, task: BigramBackcopy, input_ids: torch.
 
 
 def uniform_first_token_attention(task: BigramBackcopy, input_ids: torch.Tensor) -> float:
-    """The first-token attention a head attending uniformly would have on the same queries: mean of 1 / (t + 1)."""
+    """The first-token attention a head attending uniformly would have on the same queries: mean of 1 / (t + 1).
+
+    >>> round(uniform_first_token_attention(BigramBackcopy(), BigramBackcopy().sample(512, seed=0)), 2)
+    0.16
+    """
     queries = task.non_trigger_queries(input_ids)
     positions = torch.arange(input_ids.shape[1]).expand_as(input_ids)
     return (1.0 / (positions[queries] + 1).double()).mean().item()
@@ -262,7 +271,12 @@ def measure_sink(model, task: BigramBackcopy, input_ids: torch.Tensor) -> dict:
 
 
 class TaskRows(torch.utils.data.Dataset):
-    """Rows of token ids as a Dataset of ``{"input_ids", "labels"}`` (the labels are the ids: the model shifts)."""
+    """Rows of token ids as a Dataset of ``{"input_ids", "labels"}`` (the labels are the ids: the model shifts).
+
+    >>> rows = TaskRows(BigramBackcopy().sample(4, seed=0))
+    >>> len(rows), sorted(rows[0])
+    (4, ['input_ids', 'labels'])
+    """
 
     def __init__(self, input_ids: torch.Tensor):
         self.input_ids = input_ids
@@ -276,13 +290,19 @@ class TaskRows(torch.utils.data.Dataset):
 
 
 class SinkCurve(TrainerCallback):
-    """Every ``every`` steps (and at the last), the first-token attention of the model on fixed probe rows."""
+    """Every ``every`` steps (and at the last), the first-token attention of the model on fixed probe rows.
+
+    >>> task = BigramBackcopy()
+    >>> curve = SinkCurve(task, task.sample(8, seed=0), every=100)
+    >>> curve.record(build_model(task, {"gate_type": "none"}, seed=0), step=0)
+    >>> curve.steps, 0 < curve.first_token_attention[0] < 1
+    ([0], True)
+    """
 
     def __init__(self, task: BigramBackcopy, probe: torch.Tensor, every: int):
         self.task, self.probe, self.every = task, probe, every
         self.steps: list[int] = []
         self.first_token_attention: list[float] = []
-        self.loss: list[float] = []
 
     def record(self, model, step: int) -> None:
         attention = first_token_attention_by_head(model, self.task, self.probe)
@@ -296,13 +316,14 @@ class SinkCurve(TrainerCallback):
         if state.global_step % self.every == 0 or state.global_step == state.max_steps:
             self.record(model, state.global_step)
 
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        if logs and "loss" in logs and (state.global_step % self.every == 0 or state.global_step == state.max_steps):
-            self.loss.append(logs["loss"])
-
 
 def build_model(task: BigramBackcopy, config_keys: dict, seed: int, **architecture):
-    """A new Qwen3Gated model for ``task`` with the arm's ``config_keys``, its weights drawn from ``seed``."""
+    """A new Qwen3Gated model for ``task`` with the arm's ``config_keys``, its weights drawn from ``seed``.
+
+    >>> model = build_model(BigramBackcopy(), {"gate_type": "headwise"}, seed=0)
+    >>> model.config.gate_type, model.config.num_hidden_layers, model.config.vocab_size
+    ('headwise', 1, 65)
+    """
     from ..models.qwen3_gated.configuration_qwen3_gated import Qwen3GatedConfig
     from ..models.qwen3_gated.modeling_qwen3_gated import Qwen3GatedForCausalLM
 
