@@ -89,3 +89,22 @@ def test_one_arm_and_seed_gives_the_same_figures_twice(tmp_path):
     (run,) = results[0]
     assert run["arm"] == "G1 headwise" and run["seed"] == 0 and run["curve"]["steps"] == [0, 2, 4]
     assert 0 < run["first_token_attention"] < 1 and 0 < run["mean_gate"] < 1
+
+
+def test_the_gpu_preset_runs_at_tiny_scale_on_cpu():
+    """The preset's options (width 256, bf16 autocast, the reference run's optimizer) reach the run; here 2 steps."""
+    args = run_sink_ablation.parse_args(["--preset", "gpu", "--steps", "2", "--batch-size", "4", "--curve-every", "1"])
+    assert (args.lr, args.jobs) == (3e-4, 1)
+    options = run_sink_ablation.settings(args)
+    assert options["precision"] == "bf16" and options["architecture"]["hidden_size"] == 256
+    # Trainer takes bf16 only on a GPU (on CPU it asks for use_cpu): the rest of the preset runs here in fp32
+    run = run_sink_ablation.run_one("G1 headwise", 0, {**options, "precision": "fp32"})
+    assert run["curve"]["steps"] == [0, 1, 2] and 0 < run["first_token_attention"] < 1
+    assert run["parameters"] > 4 * 65 * 256  # the wider model
+    cpu = run_sink_ablation.parse_args([])
+    assert run_sink_ablation.settings(cpu) == {
+        "steps": 2000,
+        "batch_size": 128,
+        "learning_rate": 5e-3,
+        "curve_every": 100,
+    }

@@ -95,7 +95,7 @@ class BigramBackcopy:
 
     def is_trigger(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Whether each token is a trigger, (N, T) bool."""
-        return torch.from_numpy(self._is_trigger)[input_ids]
+        return torch.from_numpy(self._is_trigger).to(input_ids.device)[input_ids]
 
     def copy_targets(self, input_ids: torch.Tensor) -> torch.Tensor:
         """(N, T) bool: position t's next token is a copy (token t is a trigger); the last position predicts nothing."""
@@ -118,7 +118,7 @@ class BigramBackcopy:
     def bigram_floor(self, input_ids: torch.Tensor) -> dict:
         """The best any model can do on the bigram targets of ``input_ids``: the mean entropy of their bigram rows
         (the least loss) and the mean largest probability (the best accuracy)."""
-        rows = torch.from_numpy(self.transitions)[input_ids[self.bigram_targets(input_ids)]]  # (M, V)
+        rows = torch.from_numpy(self.transitions)[input_ids[self.bigram_targets(input_ids)].cpu()]  # (M, V)
         entropy = -(rows * rows.clamp_min(1e-30).log()).sum(-1)
         return {"loss": entropy.mean().item(), "accuracy": rows.max(-1).values.mean().item()}
 
@@ -184,6 +184,7 @@ def first_token_attention_by_head(model, task: BigramBackcopy, input_ids: torch.
     >>> first_token_attention_by_head(model, task, task.sample(8, seed=0)).shape  # (layers, heads)
     torch.Size([1, 1])
     """
+    input_ids = input_ids.to(model.device)
     queries = task.non_trigger_queries(input_ids)
     queries[:, 0] = True  # BOS: the first token, not a query (skip_first=1)
     with torch.no_grad(), record_attention(model, skip_first=1, attention_mask=queries.long()) as record:
@@ -198,7 +199,7 @@ def uniform_first_token_attention(task: BigramBackcopy, input_ids: torch.Tensor)
     0.16
     """
     queries = task.non_trigger_queries(input_ids)
-    positions = torch.arange(input_ids.shape[1]).expand_as(input_ids)
+    positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
     return (1.0 / (positions[queries] + 1).double()).mean().item()
 
 
@@ -240,6 +241,7 @@ def measure_sink(model, task: BigramBackcopy, input_ids: torch.Tensor) -> dict:
     >>> 0 < row["first_token_attention"] < 1, row["sinking_heads"] in (0.0, 1.0), 0 < row["mean_gate"] < 1
     (True, True, True)
     """
+    input_ids = input_ids.to(model.device)
     attention = first_token_attention_by_head(model, task, input_ids)  # (L, H)
     layer = int(attention.mean(1).argmax())
     decoder_layers = [module for module in model.modules() if type(module).__name__.endswith("DecoderLayer")]
@@ -345,6 +347,7 @@ def train_on_task(
     curve_every: int = 100,
     probe_rows: int = 512,
     architecture: dict | None = None,
+    precision: str = "fp32",
 ) -> dict:
     """Train a new model with ``config_keys`` on ``task`` with the project's Trainer; its measurements and curve.
 
@@ -352,7 +355,8 @@ def train_on_task(
     groups and schedule are :func:`~gated_qwen.tools.training.train`'s (AdamW, linear warmup, then cosine to
     ``min_lr_rate`` of the peak: by default none, a constant rate).
     Measured on ``probe_rows`` rows drawn apart from the training rows (:func:`measure_sink`); ``curve`` holds the
-    first-token attention every ``curve_every`` steps.
+    first-token attention every ``curve_every`` steps. On a GPU (Trainer takes one when there is one) ``precision``
+    ``"bf16"`` trains under bf16 autocast, as ``gated-qwen train --precision bf16``.
 
     >>> result = train_on_task(BigramBackcopy(), {"gate_type": "headwise"}, seed=0, steps=2, batch_size=4,
     ...                        curve_every=1, probe_rows=8)
@@ -377,7 +381,7 @@ def train_on_task(
             warmup_steps=warmup_steps,
             min_lr_rate=min_lr_rate,
             seed=seed,
-            precision="fp32",
+            precision=precision,
             progress=False,
             report_to="none",
         )
