@@ -51,16 +51,20 @@ ARMS = {
     "G3 elementwise": {"gate_type": "elementwise", "gate_position": "key"},
     "G4 elementwise": {"gate_type": "elementwise", "gate_position": "query"},
     "G5 elementwise": {"gate_type": "elementwise", "gate_position": "dense_output"},
-    "G1 elementwise, head-shared": {"gate_type": "elementwise", "gate_shared_across_heads": True},
-    "G1 headwise, head-shared": {"gate_type": "headwise", "gate_shared_across_heads": True},
-    "G1 elementwise, additive SiLU": {
+    "G1 elementwise head-shared": {"gate_type": "elementwise", "gate_shared_across_heads": True},
+    "G1 headwise head-shared": {"gate_type": "headwise", "gate_shared_across_heads": True},
+    "G1 elementwise additive SiLU": {
         "gate_type": "elementwise",
         "gate_activation": "silu",
         "gate_combination": "additive",
     },
-    "G1 elementwise, multiplicative SiLU": {"gate_type": "elementwise", "gate_activation": "silu"},
-    "G1 elementwise, additive sigmoid": {"gate_type": "elementwise", "gate_combination": "additive"},
+    "G1 elementwise multiplicative SiLU": {"gate_type": "elementwise", "gate_activation": "silu"},
+    "G1 elementwise additive sigmoid": {"gate_type": "elementwise", "gate_combination": "additive"},
 }
+# The paper's figure for each row: arXiv 2505.06708 Table 1 (15B MoE), the average perplexity gain over its
+# baseline (baseline's average PPL minus the row's: positive is better), and the rows of its Tables 3 and 4 the
+# same way. Not yet copied from the paper: None shows as "–" and leaves the row out of the rank correlation.
+PAPER_PPL_GAIN: dict[str, float | None] = {arm: None for arm in ARMS if arm != "baseline"}
 CORPUS = ROOT / "data" / "stdlib_docstrings"
 CONFIG = ROOT / "configs" / "ablation_tiny.json"
 SEQ_LEN = 128  # the training length; configs/ablation_tiny.json's max_position_embeddings
@@ -69,10 +73,10 @@ EXTRAPOLATION = (2, 4)  # perplexity at these multiples of the training length
 SINK_ROWS = 16  # held-out windows for first-token attention, activations and gates
 
 
-def parse_args():
+def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS), metavar="ARM")
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
+    parser.add_argument("--arms", nargs="+", metavar="ARMS", help="arm names, comma-separated (default: every arm)")
+    parser.add_argument("--seeds", nargs="+", default=["0,1"], help="seeds, comma-separated (default 0,1)")
     parser.add_argument("--max-tokens", type=int, default=2_000_000, help="training tokens per run")
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--high-lr", type=float, default=3e-2, help="the learning rate of the loss-spike runs")
@@ -81,7 +85,36 @@ def parse_args():
     parser.add_argument("--results", type=Path, default=ROOT / "results" / "ablation")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--train-only", action="store_true", help="train the seed runs, measure nothing")
-    return parser.parse_args()
+    args = parser.parse_args(argv)
+    try:
+        args.arms = arm_names(args.arms)
+    except ValueError as error:
+        parser.error(str(error))
+    try:
+        args.seeds = [int(seed) for value in args.seeds for seed in value.split(",") if seed.strip()]
+    except ValueError:
+        parser.error(f"--seeds takes comma-separated integers, not {' '.join(args.seeds)!r}")
+    return args
+
+
+def arm_names(values: list[str] | None) -> list[str]:
+    """The arms named in ``--arms`` values, each a comma-separated list (as run_sink_ablation.py takes them); an
+    arm's earlier name with a comma ("G1 elementwise, head-shared") names the same arm."""
+    if not values:
+        return list(ARMS)
+    known = {arm.replace(",", "").replace(" ", ""): arm for arm in ARMS}
+    pieces = [piece.strip() for piece in ",".join(values).split(",")]
+    names, start = [], 0
+    while start < len(pieces):  # the longest run of pieces that names an arm
+        for end in range(len(pieces), start, -1):
+            arm = known.get("".join(pieces[start:end]).replace(" ", ""))
+            if arm:
+                names.append(arm)
+                start = end
+                break
+        else:
+            raise ValueError(f"unknown arm {pieces[start]!r}; the arms are: {', '.join(ARMS)}")
+    return names
 
 
 def run_folder(runs: Path, arm: str, name: str) -> Path:
@@ -162,11 +195,12 @@ def mean_and_spread(values: list[float]) -> tuple[float, float]:
 def table(rows: dict[str, dict], seeds: list[int]) -> str:
     baseline = rows.get("baseline")
     lines = [
-        f"| arm | held-out loss (mean ± sd, {len(seeds)} seeds) | vs baseline | parameters added | first-token "
+        f"| arm | held-out loss (mean ± sd, {len(seeds)} seeds) | vs baseline | paper PPL gain | parameters added | "
+        "first-token "
         "attention | largest activation | mean gate | gate < 0.5 | loss spikes at high lr | "
         + " | ".join(f"ppl {k}x | ppl {k}x YaRN" for k in EXTRAPOLATION)
         + " |",
-        "|---" * (9 + 2 * len(EXTRAPOLATION)) + "|",
+        "|---" * (10 + 2 * len(EXTRAPOLATION)) + "|",
     ]
 
     def mean(arm, key):
@@ -185,6 +219,7 @@ def table(rows: dict[str, dict], seeds: list[int]) -> str:
             arm,
             f"{loss:.3f} ± {spread:.3f}",
             difference,
+            shown(PAPER_PPL_GAIN.get(arm)),
             added,
             shown(mean(arm, "first_token_attention")),
             shown(mean(arm, "largest_activation"), 1),
@@ -196,6 +231,43 @@ def table(rows: dict[str, dict], seeds: list[int]) -> str:
             cells += [shown(mean(arm, f"ppl_{k}x"), 1), shown(mean(arm, f"ppl_{k}x_yarn"), 1)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def rank_correlation(xs: list[float], ys: list[float]) -> float:
+    """Spearman's rank correlation: Pearson's correlation of the ranks (ties share their mean rank)."""
+
+    def ranks(values):
+        order = sorted(range(len(values)), key=values.__getitem__)
+        result = [0.0] * len(values)
+        start = 0
+        while start < len(order):
+            end = start
+            while end + 1 < len(order) and values[order[end + 1]] == values[order[start]]:
+                end += 1
+            for index in order[start : end + 1]:
+                result[index] = (start + end) / 2
+            start = end + 1
+        return result
+
+    return statistics.correlation(ranks(xs), ranks(ys))
+
+
+def correlation_with_paper(rows: dict[str, dict]) -> tuple[float | None, str]:
+    """The rank correlation between the miniature's gains (baseline's held-out loss minus the arm's) and the paper's
+    (``PAPER_PPL_GAIN``) over the arms that have both, and the line that says it."""
+    baseline = rows.get("baseline")
+    arms = [arm for arm in rows if arm != "baseline" and PAPER_PPL_GAIN.get(arm) is not None]
+    if baseline is None or len(arms) < 3:
+        return None, (
+            f"Rank correlation with the paper: not computed; it needs the baseline and the paper's figure for at least "
+            f"3 arms, and {len(arms)} of these arms have one (PAPER_PPL_GAIN in scripts/run_ablation.py)."
+        )
+    ours = [baseline["heldout_loss"] - rows[arm]["heldout_loss"] for arm in arms]
+    value = rank_correlation(ours, [PAPER_PPL_GAIN[arm] for arm in arms])
+    return value, (
+        f"Rank correlation (Spearman) between the miniature's gains over the baseline and the paper's, over "
+        f"{len(arms)} arms: {value:+.2f}."
+    )
 
 
 def main():
@@ -233,6 +305,8 @@ def main():
             "final_train_loss": high.get("final_train_loss"),
         }
     markdown = table(rows, args.seeds)
+    correlation, correlation_line = correlation_with_paper(rows)
+    markdown += "\n\n" + correlation_line
     report = new_report(
         "ablation",
         config=json.loads(CONFIG.read_text()),
@@ -244,6 +318,8 @@ def main():
         high_lr_tokens=args.high_lr_tokens,
         seeds=args.seeds,
         arms=rows,
+        paper_ppl_gain=PAPER_PPL_GAIN,
+        rank_correlation_with_paper=correlation,
     )
     scale = (
         f"Scale: {rows['baseline']['seeds'][args.seeds[0]]['parameters']:,} parameters (baseline), "

@@ -69,6 +69,7 @@ _LAZY = {
     "read_init_config": "model_init",
     "separate_gate_rows": "groups",
     "train": "trainer",
+    "trainer_for_rows": "trainer",
     "train_tokenizer": "data",
     "unigram_perplexity": "reporting",
 }
@@ -104,6 +105,7 @@ __all__ = [
     "separate_gate_rows",
     "train",
     "train_tokenizer",
+    "trainer_for_rows",
     "unigram_perplexity",
 ]
 

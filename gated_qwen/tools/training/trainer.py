@@ -488,6 +488,45 @@ def _write_summary(summary: dict, out: Path, is_main: bool) -> None:
             logger.warning(f"{error}; the losses are in {out / 'log.csv'}")
 
 
+def trainer_for_rows(args: TrainRunArguments, model, rows, callbacks=()) -> GatedTrainer:
+    """A :class:`GatedTrainer` for ``model`` on rows already made, with the options :func:`train` takes from ``args``.
+
+    For a task generated in memory (:mod:`gated_qwen.tools.sink_task`): ``rows`` is any torch Dataset of
+    ``{"input_ids", "labels"}`` rows, read in order, ``args.batch_size`` a step; the optimizer groups, the schedule
+    (warmup, cosine to ``min_lr_rate``), the clipping, the seed and the precision are :func:`train`'s. One process;
+    nothing is saved (``args.output_dir`` is only Trainer's working folder) and nothing is printed per step.
+
+    >>> import tempfile
+    >>> from gated_qwen import Qwen3GatedConfig, Qwen3GatedForCausalLM
+    >>> model = Qwen3GatedForCausalLM(Qwen3GatedConfig(vocab_size=16, hidden_size=16, intermediate_size=32,
+    ...     num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=8, gate_type="headwise"))
+    >>> rows = [{"input_ids": torch.arange(8) % 16, "labels": torch.arange(8) % 16}] * 4
+    >>> folder = tempfile.TemporaryDirectory()
+    >>> args = TrainRunArguments(train_file="(in memory)", output_dir=folder.name, max_steps=2, batch_size=2,
+    ...                          warmup_steps=1, progress=False)
+    >>> trainer_for_rows(args, model, rows).train().global_step
+    2
+    >>> folder.cleanup()
+    """
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    hf_args = _hf_arguments(args, args.total_steps(1), 1)
+    hf_args.save_strategy = "no"
+    groups = _named_groups(parameter_groups(model, args), model)
+    trainer = GatedTrainer(
+        model=model,
+        args=hf_args,
+        train_dataset=rows,
+        parameter_groups=groups,
+        adam_betas=args.adam_betas,
+        callbacks=list(callbacks),
+    )
+    trainer.remove_callback(PrinterCallback)
+    if not args.progress:
+        trainer.remove_callback(ProgressCallback)
+    return trainer
+
+
 def train(args: TrainRunArguments, resume: str | Path | None = None) -> dict:
     """Train (or, with ``resume``, continue) a model as ``args`` says on transformers' Trainer; returns a summary dict.
 
@@ -569,4 +608,4 @@ def train(args: TrainRunArguments, resume: str | Path | None = None) -> dict:
     return summary
 
 
-__all__ = ["GatedTrainer", "check_scaling_options", "describe_scale", "train"]
+__all__ = ["GatedTrainer", "check_scaling_options", "describe_scale", "train", "trainer_for_rows"]
