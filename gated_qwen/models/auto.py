@@ -77,6 +77,19 @@ def register_with_transformers() -> None:
         AutoModel.register(config_class, bare, exist_ok=True)
         AutoModelForCausalLM.register(config_class, causal_lm, exist_ok=True)
         AutoModelForSequenceClassification.register(config_class, classifier, exist_ok=True)
+        _name_on_transformers(config_class, bare, causal_lm, classifier)
+
+
+def _name_on_transformers(*classes: type) -> None:
+    """Make each class an attribute of the ``transformers`` module, as transformers' own models are: a client that
+    takes a config's ``architectures[0]`` as a name on transformers finds it there (``transformers serve`` loads
+    the model it serves with ``getattr(transformers, config.architectures[0])``). A name transformers has of
+    its own is left alone."""
+    import transformers
+
+    for cls in classes:
+        if cls.__name__ not in vars(transformers):
+            setattr(transformers, cls.__name__, cls)
 
 
 def _register_expert_storage(model_type: str) -> None:
