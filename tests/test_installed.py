@@ -135,3 +135,19 @@ def test_accelerate_launch_runs_a_script_that_loads_a_gated_checkpoint(checkpoin
     result = run_command(accelerate, "launch", "--num_processes", "1", "--cpu", str(script), str(checkpoints["moe"]))
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Qwen3MoeGatedForCausalLM" in result.stdout
+
+
+def test_trls_command_line_trains_a_gated_checkpoint(checkpoints, tmp_path):
+    trl = console_script("trl")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "train.jsonl").write_text(
+        "".join(json.dumps({"text": f"{i}: the gate scales each head's output"}) + "\n" for i in range(8))
+    )
+    result = run_command(
+        *(trl, "sft", "--model_name_or_path", str(checkpoints["moe"]), "--dataset_name", str(tmp_path / "data")),
+        *("--output_dir", str(tmp_path / "out"), "--max_steps", "2", "--per_device_train_batch_size", "2"),
+        *("--max_length", "32", "--use_cpu", "--report_to", "none", "--save_strategy", "no"),
+    )
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    saved = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert saved["model_type"] == "qwen3_moe_gated" and saved["architectures"] == ["Qwen3MoeGatedForCausalLM"]
