@@ -3,30 +3,31 @@
 transformers has no entry point for model plugins, so a process that never runs ``import gated_qwen`` (``lm_eval
 --model hf``, ``transformers serve`` and the process it spawns, ``accelerate launch``, TRL's command line, a bare
 ``AutoModelForCausalLM.from_pretrained``) would not know ``qwen3_gated`` or ``qwen3_moe_gated``. The installation
-puts ``gated_qwen_startup.pth`` at the top of site-packages (setup.py ships it in the wheel and in an editable
-install; ``pip uninstall`` removes it); Python's :mod:`site` runs its one line at every start::
+puts ``gated_qwen_startup.pth`` at the top of site-packages (setup.py writes it into the wheel and into an editable
+install; ``pip uninstall`` removes it with this file). Python's :mod:`site` runs its one line at every start: it
+puts on ``sys.meta_path`` a finder, defined in the line itself, that answers ``None`` for every name but
+``transformers``; unless ``GATED_QWEN_NO_STARTUP_HOOK`` is set (to anything but ``0``), which turns the hook off.
+A process that never looks transformers up pays for the compilation of that line and nothing else: no file is
+opened, this module is not imported (``scripts/bench_startup_hook.py`` measures it).
 
-    import sys; exec("try:\\n import gated_qwen_startup\\nexcept ImportError:\\n pass")
+When transformers is first looked up, the line's finder imports this module, or does nothing where it is gone (a
+half-uninstalled gated-qwen), and hands over to :func:`find_spec`: a :class:`RegisterAfterTransformers` takes its
+place, returns transformers' spec with a loader that runs transformers' own, then imports :mod:`gated_qwen`, whose
+post-import hooks (:mod:`gated_qwen.models.auto`) register the gated families as ``import gated_qwen`` would have:
+the process is where it would be had it run ``import gated_qwen`` first.
 
-which imports this module, or nothing where gated-qwen was half uninstalled. This module imports nothing that
-is not already loaded at startup (:mod:`os`, :mod:`sys`) and puts one finder on ``sys.meta_path`` that answers
-for the name ``transformers`` only. Once transformers has been imported, it imports :mod:`gated_qwen`, whose
-post-import hooks (:mod:`gated_qwen.models.auto`) then register the gated families as ``import gated_qwen``
-would have: the process is where it would be had it run ``import gated_qwen`` first. A process that never
-imports transformers pays the reading of one line and the import of this file (``scripts/bench_startup_hook.py``
-measures it). ``GATED_QWEN_NO_STARTUP_HOOK=1`` in the environment turns the hook off.
-
-It is a top-level module, not part of the ``gated_qwen`` package, because importing a package's submodule runs the
-package's ``__init__`` first, which imports wrapt (and, through it, asyncio): tens of milliseconds at every start.
+A top-level module, not part of the ``gated_qwen`` package: importing a package's submodule runs the package's
+``__init__``, which imports wrapt (and, through it, asyncio).
 """
 
-import os
 import sys
 
 
-# The module whose import triggers the registration, and the variable that turns the hook off.
+# The module whose import triggers the registration, the variable that turns the hook off, and the class name of
+# the finder the .pth line defines (setup.py's STARTUP_LINE spells all three).
 TRIGGER = "transformers"
 DISABLE_VARIABLE = "GATED_QWEN_NO_STARTUP_HOOK"
+PTH_FINDER = "GatedQwenStartupFinder"
 
 
 class RegisterAfterTransformers:
@@ -76,7 +77,11 @@ def register() -> None:
     """Import :mod:`gated_qwen` (its post-import hook on transformers registers the gated families at once) and
     leave ``sys.meta_path``. A gated_qwen half uninstalled is left alone; one that fails to import or register is
     reported in one warning naming gated-qwen and what to do, without breaking the import of transformers."""
-    sys.meta_path[:] = [finder for finder in sys.meta_path if not isinstance(finder, RegisterAfterTransformers)]
+    sys.meta_path[:] = [
+        finder
+        for finder in sys.meta_path
+        if not isinstance(finder, RegisterAfterTransformers) and type(finder).__name__ != PTH_FINDER
+    ]
     try:
         import gated_qwen  # noqa: F401
     except ModuleNotFoundError as error:
@@ -98,13 +103,10 @@ def warn(error: BaseException) -> None:
     )
 
 
-def install() -> None:
-    """Put the finder on ``sys.meta_path`` (once), unless the hook is turned off or transformers is already
-    imported (a process that imports transformers before site runs has no use for it)."""
-    if os.environ.get(DISABLE_VARIABLE, "") not in ("", "0") or TRIGGER in sys.modules:
-        return
-    if not any(isinstance(finder, RegisterAfterTransformers) for finder in sys.meta_path):
-        sys.meta_path.insert(0, RegisterAfterTransformers())
-
-
-install()
+def find_spec(fullname, path=None, target=None):
+    """Called by the .pth line's finder when transformers is looked up: a :class:`RegisterAfterTransformers` takes
+    that finder's place on ``sys.meta_path`` (so a probe that does not import leaves a finder for the import that
+    follows) and answers."""
+    finder = RegisterAfterTransformers()
+    sys.meta_path[:] = [finder if type(f).__name__ == PTH_FINDER else f for f in sys.meta_path]
+    return finder.find_spec(fullname, path, target)

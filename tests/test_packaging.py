@@ -8,6 +8,7 @@ benchmark's child module) must be in the wheel, or these fail.
 
 from __future__ import annotations
 
+import ast
 import os
 import shutil
 import subprocess
@@ -142,14 +143,20 @@ def test_ci_runs_the_fast_tier_first_then_exactly_readmes_test_command_on_newest
 # The startup hook (gated_qwen_startup.py; setup.py ships its .pth): installed from the wheel into an environment
 # of its own, a venv whose site-packages reaches the test environment's packages (torch, transformers) through a
 # path line, so that its own site-packages, where pip installs the wheel, is the only one whose .pth files run.
-STARTUP_LINE = 'import sys; exec("try:\\n import gated_qwen_startup\\nexcept ImportError:\\n pass")\n'
+def startup_line() -> str:
+    """The .pth line setup.py writes (its STARTUP_LINE)."""
+    tree = ast.parse((REPO / "setup.py").read_text())
+    (value,) = [
+        node.value for node in tree.body if isinstance(node, ast.Assign) and node.targets[0].id == "STARTUP_LINE"
+    ]
+    return ast.literal_eval(value)
 
 
 def test_the_wheel_carries_the_startup_hook_and_its_record(wheel):
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
         assert {"gated_qwen_startup.pth", "gated_qwen_startup.py"} <= names  # at the top of site-packages
-        assert archive.read("gated_qwen_startup.pth").decode() == STARTUP_LINE
+        assert archive.read("gated_qwen_startup.pth").decode() == startup_line()
         (record,) = [name for name in names if name.endswith(".dist-info/RECORD")]
         recorded = {line.split(",")[0] for line in archive.read(record).decode().splitlines()}
     assert {"gated_qwen_startup.pth", "gated_qwen_startup.py"} <= recorded  # so pip uninstall removes them
@@ -194,7 +201,7 @@ print(sys.modules["gated_qwen"].__file__)
 @pytest.mark.slow
 def test_the_installed_wheel_registers_in_every_process_and_leaves_with_pip_uninstall(venv_with_wheel, tmp_path):
     python, site = venv_with_wheel
-    assert (site / "gated_qwen_startup.pth").read_text() == STARTUP_LINE
+    assert (site / "gated_qwen_startup.pth").read_text() == startup_line()
     loaded = run_in(python, LOAD_BOTH, tmp_path)
     assert loaded.returncode == 0, loaded.stderr[-3000:]
     first, second, package = loaded.stdout.split()
