@@ -1,16 +1,17 @@
 """What gated-qwen's startup hook costs a Python that never imports transformers: ``python -c pass`` with and without.
 
-    python scripts/bench_startup_hook.py                 # 300 rounds
+    python scripts/bench_startup_hook.py                 # 500 rounds
     python scripts/bench_startup_hook.py --rounds 1000 --print-only
 
-Two venvs of this interpreter, made for the measurement (``--without-pip``, in a temporary folder): one bare, one
-with the hook as an installation leaves it at the top of its site-packages (``gated_qwen_startup.pth``, the line
-setup.py writes, and ``gated_qwen_startup.py`` from this checkout, byte-compiled as pip does). Each round runs ``python -c pass`` in the bare
-venv twice and in the hooked one once, in an order shuffled per round, each a fresh process timed with
-``time.perf_counter`` around ``subprocess.run`` (the first round is a warm-up, not counted). The two bare arms
-give the noise floor: the difference between two arms that run the same thing. Differences of medians come with
-a 95% interval from resampling the rounds (bootstrap, 2000 resamples). ``-X importtime`` gives ``site``'s own time
-in each venv (it runs the .pth files), in microseconds, as Python counts it.
+Four venvs of this interpreter, made for the measurement (``--without-pip``, in a temporary folder): two bare, in
+folders of their own, holding one .pth file of another project (as environments do, see OTHER_PTH), one like them
+with the hook, and one without any .pth file (what the first .pth file of an environment costs). The hook is there
+as an installation leaves it at the top of site-packages (``gated_qwen_startup.pth``, the line setup.py writes, and ``gated_qwen_startup.py`` from this checkout,
+byte-compiled as pip does). Each round runs ``python -c pass`` in each, in an order shuffled per round, each a fresh
+process timed with ``time.perf_counter`` around ``subprocess.run`` (the first round is a warm-up, not counted). The
+two bare venvs give the noise floor: the difference between two arms that run the same thing. Differences of
+medians come with a 95% interval from resampling the rounds (bootstrap, 2000 resamples). Then, inside fresh
+processes, the hook's own cost: compiling and running its line as ``site`` does, once per process, in microseconds.
 
 Writes ``results.json`` (every run's seconds, the machine and versions) and ``results.md`` into ``--results-dir``
 (default ``results/startup_hook``); ``--print-only`` writes nothing.
@@ -32,7 +33,11 @@ from pathlib import Path
 from _results import ROOT, describe, new_report, write_results
 
 
-ARMS = ("bare", "bare again", "with the hook")
+ARMS = ("bare", "bare, another venv", "with the hook", "bare, no .pth file at all")
+# Every venv but the last holds one .pth file of another project (a comment line), as an environment where pip
+# installed anything does (setuptools' distutils-precedence.pth, an editable install's __editable__ .pth): the
+# hook's arm then measures its own line, the last one what the first .pth file of an environment costs.
+OTHER_PTH = "# another project's .pth\n"
 
 
 def startup_line() -> str:
@@ -45,10 +50,13 @@ def startup_line() -> str:
     )
 
 
-def make_venv(folder: Path, hooked: bool) -> Path:
-    """A venv without pip; with the hook at the top of its site-packages if ``hooked``. Returns its python."""
+def make_venv(folder: Path, hooked: bool, other_pth: bool = True) -> Path:
+    """A venv without pip; with the hook at the top of its site-packages if ``hooked``, and another project's .pth
+    if ``other_pth``. Returns its python."""
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(folder)], check=True)
     site = Path(sysconfig.get_path("purelib", vars={"base": str(folder), "platbase": str(folder)}))
+    if other_pth:
+        (site / "another_project.pth").write_text(OTHER_PTH)
     if hooked:
         (site / "gated_qwen_startup.pth").write_text(startup_line())
         (site / "gated_qwen_startup.py").write_text((ROOT / "gated_qwen_startup.py").read_text())
@@ -79,21 +87,35 @@ def median_difference(a: list[float], b: list[float], resamples: int = 2000) -> 
     }
 
 
-def site_microseconds(python: Path) -> int:
-    """The time of ``site`` (cumulative, .pth files included) at a start, from ``-X importtime``, in microseconds."""
-    result = subprocess.run(
-        [str(python), "-X", "importtime", "-c", "pass"], capture_output=True, text=True, check=True
-    )
-    line = next(line for line in result.stderr.splitlines() if line.split("|")[-1].strip() == "site")
-    return int(line.split("|")[1])
+EXEC_LINE = """
+import sys, time
+line = open(sys.argv[1]).read()
+sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ != "GatedQwenStartupFinder"]
+start = time.perf_counter()
+exec(line, {})
+print(1e6 * (time.perf_counter() - start))
+"""
+
+
+def exec_line_microseconds(python: Path, processes: int = 41) -> list[float]:
+    """What site does with the hook's line (compile and run it), timed inside fresh processes of the hooked venv,
+    once each (the first compilation of a process, as at a start): microseconds, one per process."""
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], capture_output=True, text=True
+    ).stdout.strip()
+    command = [str(python), "-c", EXEC_LINE, str(Path(site, "gated_qwen_startup.pth"))]
+    return [
+        float(subprocess.run(command, capture_output=True, text=True, check=True).stdout) for _ in range(processes)
+    ]
 
 
 def markdown_table(report: dict) -> str:
-    lines = ["| `python -c pass` | median ms | min ms | runs |", "|---|---|---|---|"]
+    lines = ["| `python -c pass` | median ms | 10th percentile ms | min ms | runs |", "|---|---|---|---|---|"]
     for arm in ARMS:
-        seconds = report["seconds"][arm]
+        seconds = sorted(report["seconds"][arm])
         lines.append(
-            f"| {arm} | {1000 * statistics.median(seconds):.2f} | {1000 * min(seconds):.2f} | {len(seconds)} |"
+            f"| {arm} | {1000 * statistics.median(seconds):.2f} | {1000 * seconds[len(seconds) // 10]:.2f} "
+            f"| {1000 * seconds[0]:.2f} | {len(seconds)} |"
         )
     lines.append("")
     lines.append("| difference of medians | ms | 95% interval (ms) |")
@@ -101,12 +123,11 @@ def markdown_table(report: dict) -> str:
     for name, difference in report["differences"].items():
         low, high = difference["ci95_ms"]
         lines.append(f"| {name} | {difference['ms']:+.2f} | {low:+.2f} to {high:+.2f} |")
-    site = report["site_microseconds"]
     return (
         "\n".join(lines)
-        + "\n\n`site`'s own time at a start (`-X importtime`, .pth files included, median of "
-        + f"{len(site['bare'])}): {statistics.median(site['bare']):.0f} µs bare, "
-        + f"{statistics.median(site['with the hook']):.0f} µs with the hook. "
+        + "\n\nWhat the hook's line costs inside a process (compiled and run as `site` does, once in each of "
+        + f"{len(report['exec_line_microseconds'])} fresh processes, median): "
+        + f"{statistics.median(report['exec_line_microseconds']):.0f} µs. "
         + "Rounds in shuffled order, each run a fresh process. "
         + describe(report)
         + "\n"
@@ -115,15 +136,18 @@ def markdown_table(report: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=300, help="timed rounds, each arm once (default 300)")
+    parser.add_argument("--rounds", type=int, default=500, help="timed rounds, each arm once (default 500)")
     parser.add_argument("--results-dir", default="results/startup_hook", help="where results.json/.md go")
     parser.add_argument("--print-only", action="store_true", help="print the tables, write no results")
     args = parser.parse_args(argv)
     report = new_report("startup_hook", rounds=args.rounds)  # the machine's load before the runs
     with tempfile.TemporaryDirectory() as folder:
-        bare = make_venv(Path(folder, "bare"), hooked=False)
-        hooked = make_venv(Path(folder, "hooked"), hooked=True)
-        pythons = {"bare": bare, "bare again": bare, "with the hook": hooked}
+        pythons = {
+            "bare": make_venv(Path(folder, "bare"), hooked=False),
+            "bare, another venv": make_venv(Path(folder, "bare2"), hooked=False),
+            "with the hook": make_venv(Path(folder, "hooked"), hooked=True),
+            "bare, no .pth file at all": make_venv(Path(folder, "empty"), hooked=False, other_pth=False),
+        }
         seconds = {arm: [] for arm in ARMS}
         order = list(ARMS)
         for round_index in range(args.rounds + 1):
@@ -132,14 +156,17 @@ def main(argv: list[str] | None = None) -> int:
             if round_index:
                 for arm in ARMS:
                     seconds[arm].append(timed[arm])
-        site = {arm: [site_microseconds(pythons[arm]) for _ in range(21)] for arm in ("bare", "with the hook")}
+        line_microseconds = exec_line_microseconds(pythons["with the hook"])
     report.update(
         seconds=seconds,
         differences={
-            "bare again - bare (noise floor)": median_difference(seconds["bare"], seconds["bare again"]),
+            "bare, another venv - bare (noise floor)": median_difference(
+                seconds["bare"], seconds["bare, another venv"]
+            ),
             "with the hook - bare": median_difference(seconds["bare"], seconds["with the hook"]),
+            "bare - no .pth file at all": median_difference(seconds["bare, no .pth file at all"], seconds["bare"]),
         },
-        site_microseconds=site,
+        exec_line_microseconds=line_microseconds,
     )
     table = markdown_table(report)
     print(table)
