@@ -43,8 +43,9 @@ def q_proj_gate_extra(names) -> int:
 
 TARGETS = {
     "all-linear": {"target_modules": "all-linear"},
+    # the router as "mlp.gate": the bare "gate" is refused on a gated model (tests/models/test_peft_gate.py)
     "module names (v4 experts and router)": {
-        "target_modules": ["q_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "gate"]
+        "target_modules": ["q_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "mlp.gate"]
     },
     "module regex": {"target_modules": r".*\.(q_proj|gate_proj|up_proj|down_proj)"},
     "target_parameters": {"target_modules": [], "target_parameters": ["experts.gate_up_proj", "experts.down_proj"]},

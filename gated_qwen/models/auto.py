@@ -77,6 +77,19 @@ def register_with_transformers() -> None:
         AutoModel.register(config_class, bare, exist_ok=True)
         AutoModelForCausalLM.register(config_class, causal_lm, exist_ok=True)
         AutoModelForSequenceClassification.register(config_class, classifier, exist_ok=True)
+        _name_on_transformers(config_class, bare, causal_lm, classifier)
+
+
+def _name_on_transformers(*classes: type) -> None:
+    """Make each class an attribute of the ``transformers`` module, as transformers' own models are: a client that
+    takes a config's ``architectures[0]`` as a name on transformers finds it there (``transformers serve`` loads
+    the model it serves with ``getattr(transformers, config.architectures[0])``). A name transformers has of
+    its own is left alone."""
+    import transformers
+
+    for cls in classes:
+        if cls.__name__ not in vars(transformers):
+            setattr(transformers, cls.__name__, cls)
 
 
 def _register_expert_storage(model_type: str) -> None:
@@ -254,11 +267,34 @@ def _keeping_default_targets(convert):
         )
         if model_type in PEFT_MODEL_TYPES and untargeted:
             return None
+        if model_type in PEFT_MODEL_TYPES:
+            refuse_ambiguous_gate_target(getattr(peft_config, "target_modules", None))
         return convert(peft_config, model=model, conversions=conversions)
 
     convert_peft_config_for_transformers.__gated_qwen__ = True
     convert_peft_config_for_transformers.__wrapped__ = convert
     return convert_peft_config_for_transformers
+
+
+def refuse_ambiguous_gate_target(target_modules) -> None:
+    """Refuse the bare PEFT target ``gate`` on a gated model: on the MoE, PEFT takes it for the router (``mlp.gate``,
+    as on stock Qwen3-MoE), where a user of a gated model may mean the attention gate. One message names both
+    spellings. (Called by PEFT's fused-expert conversion, which PEFT runs for the MoE family.)
+
+    >>> refuse_ambiguous_gate_target(["q_proj", "mlp.gate"])
+    >>> refuse_ambiguous_gate_target(["gate"])  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: target_modules=['gate'] is ambiguous on a gated model: ...
+    """
+    if isinstance(target_modules, str) or not target_modules or "gate" not in target_modules:
+        return
+    raise ValueError(
+        f"target_modules={sorted(target_modules)!r} is ambiguous on a gated model: no module of its attention is "
+        "named 'gate', and on a Qwen3-MoE PEFT takes 'gate' for the router. Write 'mlp.gate' for the router; for the "
+        "attention gate alone use "
+        "gated_qwen.models.peft_gate.get_gate_peft_model(model, r=...) (docs/peft.md)."
+    )
 
 
 __all__ = [
@@ -272,5 +308,6 @@ __all__ = [
     "PEFT_MODEL_TYPES",
     "PEFT_TABLES",
     "register_with_peft",
+    "refuse_ambiguous_gate_target",
     "register_with_transformers",
 ]

@@ -133,7 +133,8 @@ def exports(tmp_path_factory):
     process = subprocess.Popen(
         [sys.executable, "-c", LOAD_WITHOUT_GATED_QWEN, json.dumps(jobs), str(out)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=root,
-        env={**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"},
+        # GATED_QWEN_NO_STARTUP_HOOK: an installed gated-qwen would register itself in this process (docs/clients.md)
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "GATED_QWEN_NO_STARTUP_HOOK": "1"},
     )  # fmt: skip
     try:
         for case in cases.values():

@@ -19,7 +19,7 @@ from gated_qwen.utils.import_hooks import when_imported
 pytestmark = pytest.mark.slow
 
 
-CLIENTS = ["trl", "peft", "accelerate", "datasets", "lm_eval", "vllm"]
+CLIENTS = ["trl", "peft", "accelerate", "datasets", "lm_eval", "vllm", "optimum.quanto"]
 
 CHECK = """
 from transformers import AutoConfig, AutoModelForCausalLM
