@@ -269,7 +269,10 @@ def plot_curves(runs: list[dict], arms: list[str], path: Path) -> None:
     for arm in arms:
         curves = [run["curve"] for run in runs if run["arm"] == arm]
         means = [statistics.fmean(values) for values in zip(*(c["first_token_attention"] for c in curves))]
-        axis.plot(curves[0]["steps"], means, label=arm)
+        # 11 arms and 10 colours in matplotlib's cycle: the eleventh black; dotted: a transform without a gate
+        color = plt.cm.tab10(arms.index(arm)) if arms.index(arm) < 10 else "black"
+        style = ":" if ARMS[arm].get("gate_type") == "none" and arm != "baseline" else "-"
+        axis.plot(curves[0]["steps"], means, label=arm, color=color, ls=style)
     axis.axhline(statistics.fmean(run["uniform_attention"] for run in runs), color="grey", ls="--", label="uniform")
     axis.set_xlabel("optimizer step")
     axis.set_ylabel("first-token attention (non-trigger queries)")
