@@ -4,12 +4,14 @@ vLLM finds :func:`register` through this package's ``vllm.general_plugins`` entr
 in every process it starts (front end, engine, each tensor-parallel worker). It registers three
 architectures with vLLM's ``ModelRegistry``:
 
-- ``Qwen3GatedForCausalLM`` (what ``save_pretrained`` writes, ``model_type "qwen3_gated"``): vLLM's
-  Transformers backend, which builds this package's model with ``AutoModel.from_config`` (the
-  ``import gated_qwen`` here registers it), swaps in vLLM's attention, linear and norm layers, and
-  shards it by the config's ``base_model_tp_plan``.
-- ``Qwen3MoeGatedForCausalLM`` (``model_type "qwen3_moe_gated"``, a converted Qwen3-MoE): vLLM's Transformers
-  backend with its mixture-of-experts support, which replaces the experts with vLLM's fused MoE.
+- ``Qwen3GatedForCausalLM`` (what ``save_pretrained`` writes, ``model_type "qwen3_gated"``): vLLM's own Qwen3
+  with the released gate in each layer's attention (one ``QKVParallelLinear`` yielding queries, gate logits,
+  keys and values; vLLM's ``Attention``; the gate applied before ``o_proj`` as vLLM's Qwen3-Next applies its
+  own). A config those layers do not describe (:func:`serves_natively`) runs on vLLM's Transformers backend,
+  which builds this package's model with ``AutoModel.from_config`` (the ``import gated_qwen`` here registers it).
+- ``Qwen3MoeGatedForCausalLM`` (``model_type "qwen3_moe_gated"``, a converted Qwen3-MoE): vLLM's own Qwen3-MoE
+  (``FusedMoE`` experts) with the same gated attention; the Transformers backend with its mixture-of-experts
+  support for a config the native class does not describe.
 - ``Qwen3ForCausalLM`` (what a released arm's config.json names, beside ``model_type "qwen2"``): a
   class that builds vLLM's own Qwen3 for a stock Qwen3 checkpoint, as before, and the gated model
   above for a config with the gated-attention keys. Without this, vLLM's Qwen3 would load a released
@@ -20,8 +22,8 @@ The classes themselves live in :mod:`gated_qwen.serving.vllm_models` (it imports
 that vLLM imports them only where it builds a model.
 
 Tensor parallelism: the size must divide ``num_key_value_heads``
-(:func:`check_tensor_parallel_size`), so that each rank's contiguous slice of q_proj holds whole kv
-groups, each with its gate rows.
+(:func:`check_tensor_parallel_size`), so that each rank holds whole kv groups, each with its gate rows
+(:func:`q_proj_rows_by_rank`).
 
 Refusals reach the caller: :func:`register` also enters each architecture in vLLM's per-architecture
 config hooks (``vllm.model_executor.models.config.MODELS_CONFIG_MAP``), which vLLM runs while it builds
@@ -34,6 +36,7 @@ would cut a kv group; the error is the caller's exception, not a line in a worke
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 
@@ -139,6 +142,69 @@ def check_served_checkpoint(vllm_config) -> None:
     check_weights_match_config(config, tensors, source)
 
 
+# What vLLM's own Qwen3 layers do beside the released gate, and the native classes therefore serve: QK-norm on or
+# off, biases on q/k/v or not, any head size. Every other key a gated config adds to transformers' (the design
+# space: position, sharing, activation, combination, and any key added later) must be at its default, the
+# released point.
+NATIVE_KEYS = ("gate_type", "use_qk_norm", "qkv_bias", "head_dim")
+
+
+def serves_natively(config) -> bool:
+    """Whether the plugin's native classes (vLLM's own Qwen3 / Qwen3-MoE layers with the gate) serve ``config``.
+
+    ``config`` is a gated-qwen config (dense or MoE). True for the released gate, headwise or elementwise, and
+    for no gate, with every key the gated config adds to transformers' own (beside :data:`NATIVE_KEYS`) at its
+    default: the keys are read off the config's class, so a key added to the design space later sends its
+    non-default values to vLLM's Transformers backend (or the front end's refusal) without a change here.
+
+    >>> from gated_qwen import Qwen3GatedConfig
+    >>> serves_natively(Qwen3GatedConfig(num_attention_heads=4, num_key_value_heads=2, gate_type="elementwise"))
+    True
+    >>> serves_natively(Qwen3GatedConfig(num_attention_heads=4, num_key_value_heads=2, gate_type="headwise",
+    ...                                  gate_activation="silu"))
+    False
+    """
+    if config.gate_type != "none" and not config.is_released_gate:
+        return False
+    transformers_class = next(c for c in type(config).__mro__ if c.__module__.startswith("transformers."))
+    transformers_keys = {field.name for field in dataclasses.fields(transformers_class)}
+    for field in dataclasses.fields(config):
+        if field.name in transformers_keys or field.name in NATIVE_KEYS:
+            continue
+        if field.default is not dataclasses.MISSING:
+            default = field.default
+        elif field.default_factory is not dataclasses.MISSING:
+            default = field.default_factory()
+        else:
+            return False  # no released value to compare with
+        if getattr(config, field.name, default) != default:
+            return False
+    return True
+
+
+def q_proj_rows_by_rank(q_proj, num_key_value_heads: int, head_dim: int, gate_dim: int, tensor_parallel_size: int):
+    """The released q_proj (weight or bias; rows grouped by kv head, queries then gate logits) reordered for vLLM.
+
+    The result has the same rows as ``tensor_parallel_size`` consecutive blocks, one per rank: the queries of
+    the rank's kv groups, then their gate logits (heads in the same order). vLLM's query shard of rank r is
+    block r, and its gated attention splits it into queries and gate logits with one slice.
+
+    >>> import torch
+    >>> q_proj = torch.arange(2 * (2 * 2 + 2 * 1))         # K=2 kv groups, G=2 heads each, D=2, g=1 (headwise)
+    >>> q_proj_rows_by_rank(q_proj, 2, 2, 1, 1).tolist()    # one rank: every query, then every gate logit
+    [0, 1, 2, 3, 6, 7, 8, 9, 4, 5, 10, 11]
+    >>> q_proj_rows_by_rank(q_proj, 2, 2, 1, 2).tolist()    # two ranks: a kv group each, as released
+    [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
+    """
+    import torch
+
+    from ..models.layout import split_query_and_gate
+
+    query, gate = split_query_and_gate(q_proj, num_key_value_heads, head_dim, gate_dim, dim=0)  # (K, G, D or g, ...)
+    by_rank = [part.unflatten(0, (tensor_parallel_size, -1)).flatten(1, 3) for part in (query, gate)]
+    return torch.cat(by_rank, dim=1).flatten(0, 1)
+
+
 def check_tensor_parallel_size(num_key_value_heads: int, tensor_parallel_size: int) -> None:
     """Raise ValueError unless ``tensor_parallel_size`` divides ``num_key_value_heads``.
 
@@ -165,7 +231,10 @@ __all__ = [
     "GATED_ARCHITECTURE",
     "MOE_ARCHITECTURE",
     "QWEN3_ARCHITECTURE",
+    "NATIVE_KEYS",
     "check_served_checkpoint",
     "check_tensor_parallel_size",
+    "q_proj_rows_by_rank",
     "register",
+    "serves_natively",
 ]
