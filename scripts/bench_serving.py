@@ -251,7 +251,9 @@ def main(argv=None) -> int:
             [generator.randrange(16, args.vocab_size) for _ in range(args.prompt_tokens)] for _ in range(args.prompts)
         ]
         engines, built = {}, {}
-        for name in args.models:
+        # MoE engines first: the first engine of a process sets up its parallel groups, the expert-parallel one
+        # only for an MoE model, and a dense model runs in them as well
+        for name in sorted(args.models, key=lambda name: "moe" not in name):
             start = time.perf_counter()
             engines[name] = start_engine(
                 folders[name], args.dtype, args.eager, args.prompt_tokens + args.new_tokens, args.kv_cache_mib
@@ -259,6 +261,7 @@ def main(argv=None) -> int:
             built[name] = engines[name].apply_model(built_class)[0]
             timed_generate(engines[name], prompts, args.new_tokens)  # warm-up (and compilation)
             print(f"{name}: {built[name]} ready in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
+        engines = {name: engines[name] for name in args.models}
         times = measure(engines, prompts, args.new_tokens, args.rounds)
         rows = summarise(times, folders, built, prompts, args.new_tokens)
         for engine in engines.values():
