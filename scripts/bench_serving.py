@@ -94,7 +94,7 @@ def matmul_parameters(folder: Path) -> int:
 
     config = json.loads((folder / "config.json").read_text())
     config = config.get("text_config", config)
-    experts = config.get("num_experts")
+    experts = config.get("num_experts") or config.get("num_local_experts")
     total = config["vocab_size"] * config["hidden_size"] if config.get("tie_word_embeddings") else 0
     for file in folder.glob("*.safetensors"):
         with safe_open(file, "pt") as tensors:
@@ -177,14 +177,21 @@ def summarise(times, folders, built, prompts, new_tokens) -> list[dict]:
         if stock is None or stock not in by_name:
             continue
         base = by_name[stock]
-        row["compared_with"] = stock
-        row["tokens_per_s_ratio"] = round(row["output_tokens_per_s"] / base["output_tokens_per_s"], 3)
-        row["ms_per_output_token_ratio"] = round(row["ms_per_output_token"] / base["ms_per_output_token"], 3)
-        row["parameter_floor"] = round(base["matmul_parameters"] / row["matmul_parameters"], 3)
-        # per-round ratios: both measured in the same round, so the machine's load at the time divides out
-        row["tokens_per_s_ratio_by_round"] = [
-            round(b["long_s"] / r["long_s"], 3) for r, b in zip(row["rounds"], base["rounds"])
+        # Ratios within each round (both models measured minutes apart), then their median: the machine's load,
+        # which drifts from round to round, divides out.
+        speed = [b["long_s"] / r["long_s"] for r, b in zip(row["rounds"], base["rounds"])]
+        step = [
+            (r["long_s"] - r["one_token_s"]) / (b["long_s"] - b["one_token_s"])
+            for r, b in zip(row["rounds"], base["rounds"])
         ]
+        row.update(
+            compared_with=stock,
+            tokens_per_s_ratio=round(statistics.median(speed), 3),
+            ms_per_output_token_ratio=round(statistics.median(step), 3),
+            parameter_floor=round(base["matmul_parameters"] / row["matmul_parameters"], 3),
+            tokens_per_s_ratio_by_round=[round(ratio, 3) for ratio in speed],
+            ms_per_output_token_ratio_by_round=[round(ratio, 3) for ratio in step],
+        )
     return rows
 
 
@@ -195,8 +202,10 @@ def markdown(report: dict) -> str:
         f"{'eager' if report['eager'] else 'compiled (vLLM default)'}; hidden 1024, 16/8 heads (head dim 64), "
         f"{report['layers']} layers, vocab {report['vocab_size']}; MoE: {MOE['num_experts']} experts, "
         f"{MOE['num_experts_per_tok']} per token, width {MOE['moe_intermediate_size']}. Medians of "
-        f"{report['rounds']} interleaved rounds; ratios are to the stock model of the same family (per-round "
-        "ratios in results.json). Parameter floor: the stock model's matmul weights over the model's own.",
+        f"{report['rounds']} interleaved rounds. Ratios are to the stock model of the same family: the median over "
+        "the rounds of the ratio within each round (every round's in results.json). Parameter floor: the stock "
+        "model's matmul weights (every linear layer and the LM head; an MoE's experts as many as a token uses) over "
+        "the model's own, the tokens/s ratio if time were proportional to them.",
         "",
         "| model | vLLM built | output tokens/s | ms / output token | tokens/s vs stock | ms/token vs stock "
         "| parameter floor |",
