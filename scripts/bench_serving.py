@@ -231,9 +231,9 @@ def markdown(report: dict) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
-    parser.add_argument("--layers", type=int, default=8, help="decoder layers of every model (default 8)")
-    parser.add_argument("--vocab-size", type=int, default=32768)
+    parser.add_argument("--rounds", type=int, default=4, help="interleaved rounds (default 4)")
+    parser.add_argument("--layers", type=int, default=4, help="decoder layers of every model (default 4)")
+    parser.add_argument("--vocab-size", type=int, default=16384)
     parser.add_argument("--intermediate-size", type=int, default=3072, help="dense MLP width (default 3072)")
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--prompt-tokens", type=int, default=128)
