@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from vllm.config import VllmConfig
 from vllm.distributed import divide, get_tensor_model_parallel_world_size
-from vllm.model_executor.layers.linear import ColumnParallelLinear, QKVParallelLinear
+from vllm.model_executor.layers.linear import ColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from vllm.model_executor.models.qwen3 import Qwen3ForCausalLM
 from vllm.model_executor.models.qwen3_moe import Qwen3MoeForCausalLM
 from vllm.model_executor.models.transformers import TransformersForCausalLM, TransformersMoEForCausalLM
@@ -97,8 +97,9 @@ class GatedQKVParallelLinear(QKVParallelLinear):
 class GatedAttention(nn.Module):
     """vLLM's Qwen3 (or Qwen3-MoE) attention with the released output gate, as Qwen3-Next applies its own.
 
-    Built from the layer's own attention: its ``Attention``, ``o_proj`` (``RowParallelLinear``), rotary
-    embedding and QK-norms are kept; its ``qkv_proj`` is replaced by a :class:`GatedQKVParallelLinear` that
+    Built from the layer's own attention: its ``Attention``, ``o_proj`` (``RowParallelLinear``; one with a bias
+    where the config has attention biases, which vLLM's Qwen3 gives q/k/v only), rotary embedding and QK-norms are
+    kept; its ``qkv_proj`` is replaced by a :class:`GatedQKVParallelLinear` that
     also yields the gate logits. The SDPA output of each head is multiplied by the sigmoid of its logits
     (one per head, headwise; one per channel, elementwise) before ``o_proj``.
     """
@@ -110,7 +111,15 @@ class GatedAttention(nn.Module):
         self.gate_dim = gate_dim(config.gate_type, self.head_dim)
         self.gate_size = self.num_heads * self.gate_dim
         self.qkv_proj = GatedQKVParallelLinear(attention, self.gate_dim, quant_config, attention.qkv_proj.prefix)
-        self.o_proj, self.rotary_emb, self.attn = attention.o_proj, attention.rotary_emb, attention.attn
+        self.rotary_emb, self.attn, self.o_proj = attention.rotary_emb, attention.attn, attention.o_proj
+        if config.attention_bias and self.o_proj.bias is None:  # qkv_bias biases o_proj too, as the released code
+            self.o_proj = RowParallelLinear(
+                self.o_proj.input_size,
+                self.o_proj.output_size,
+                bias=True,
+                quant_config=quant_config,
+                prefix=self.o_proj.prefix,
+            )
         self.q_norm = attention.q_norm if config.use_qk_norm else None
         self.k_norm = attention.k_norm if config.use_qk_norm else None
 
