@@ -32,10 +32,18 @@ def run(args) -> int:
 
     result = export_checkpoint(args.src, args.dst, to=args.to, **checkpoint_options(args))
     print(f"wrote {written(result)} ({result.to})")
+    import json
+
+    # an MoE export also gains Qwen3.5-MoE's shared experts (zero), whatever its gate
+    moe = json.loads((result.path / "config.json").read_text())["model_type"] == "qwen3_5_moe_text"
     print(
         f"parameters: {result.source_parameters:,} -> {result.exported_parameters:,} ({result.parameter_growth:+.2%})"
         + (
-            " (the headwise gate is stored once per channel)"
+            (
+                " (Qwen3.5-MoE's shared experts, zero here, and a headwise gate, if any, stored once per channel)"
+                if moe
+                else " (the headwise gate is stored once per channel)"
+            )
             if result.exported_parameters > result.source_parameters
             else ""
         )

@@ -4,12 +4,14 @@ vLLM finds :func:`register` through this package's ``vllm.general_plugins`` entr
 in every process it starts (front end, engine, each tensor-parallel worker). It registers three
 architectures with vLLM's ``ModelRegistry``:
 
-- ``Qwen3GatedForCausalLM`` (what ``save_pretrained`` writes, ``model_type "qwen3_gated"``): vLLM's
-  Transformers backend, which builds this package's model with ``AutoModel.from_config`` (the
-  ``import gated_qwen`` here registers it), swaps in vLLM's attention, linear and norm layers, and
-  shards it by the config's ``base_model_tp_plan``.
-- ``Qwen3MoeGatedForCausalLM`` (``model_type "qwen3_moe_gated"``, a converted Qwen3-MoE): vLLM's Transformers
-  backend with its mixture-of-experts support, which replaces the experts with vLLM's fused MoE.
+- ``Qwen3GatedForCausalLM`` (what ``save_pretrained`` writes, ``model_type "qwen3_gated"``): vLLM's own Qwen3
+  with the released gate in each layer's attention (one ``QKVParallelLinear`` yielding queries, gate logits,
+  keys and values; vLLM's ``Attention``; the gate applied before ``o_proj`` as vLLM's Qwen3-Next applies its
+  own). A config those layers do not describe (:func:`serves_natively`) runs on vLLM's Transformers backend,
+  which builds this package's model with ``AutoModel.from_config`` (the ``import gated_qwen`` here registers it).
+- ``Qwen3MoeGatedForCausalLM`` (``model_type "qwen3_moe_gated"``, a converted Qwen3-MoE): vLLM's own Qwen3-MoE
+  (``FusedMoE`` experts) with the same gated attention; the Transformers backend with its mixture-of-experts
+  support for a config the native class does not describe.
 - ``Qwen3ForCausalLM`` (what a released arm's config.json names, beside ``model_type "qwen2"``): a
   class that builds vLLM's own Qwen3 for a stock Qwen3 checkpoint, as before, and the gated model
   above for a config with the gated-attention keys. Without this, vLLM's Qwen3 would load a released
@@ -20,8 +22,8 @@ The classes themselves live in :mod:`gated_qwen.serving.vllm_models` (it imports
 that vLLM imports them only where it builds a model.
 
 Tensor parallelism: the size must divide ``num_key_value_heads``
-(:func:`check_tensor_parallel_size`), so that each rank's contiguous slice of q_proj holds whole kv
-groups, each with its gate rows.
+(:func:`check_tensor_parallel_size`), so that each rank holds whole kv groups, each with its gate rows
+(:func:`q_proj_rows_by_rank`).
 
 Refusals reach the caller: :func:`register` also enters each architecture in vLLM's per-architecture
 config hooks (``vllm.model_executor.models.config.MODELS_CONFIG_MAP``), which vLLM runs while it builds
@@ -139,6 +141,48 @@ def check_served_checkpoint(vllm_config) -> None:
     check_weights_match_config(config, tensors, source)
 
 
+def serves_natively(config) -> bool:
+    """Whether the plugin's native classes (vLLM's own Qwen3 / Qwen3-MoE layers with the gate) serve ``config``.
+
+    ``config`` is a gated-qwen config (dense or MoE). True at the released point of the design space
+    (``config.is_released_point``: the released gate, headwise or elementwise, or no gate, and nothing else of the
+    design space), whatever its sizes, biases and QK-norm; other configs run on vLLM's Transformers backend (or
+    are refused by the front end). The design space's keys are one table (``GATE_VARIANT_DEFAULTS``), so a key
+    added to it later leaves the native path with no change here.
+
+    >>> from gated_qwen import Qwen3GatedConfig
+    >>> serves_natively(Qwen3GatedConfig(num_attention_heads=4, num_key_value_heads=2, gate_type="elementwise"))
+    True
+    >>> serves_natively(Qwen3GatedConfig(num_attention_heads=4, num_key_value_heads=2, gate_type="headwise",
+    ...                                  gate_activation="silu"))
+    False
+    """
+    return config.is_released_point
+
+
+def q_proj_rows_by_rank(q_proj, num_key_value_heads: int, head_dim: int, gate_dim: int, tensor_parallel_size: int):
+    """The released q_proj (weight or bias; rows grouped by kv head, queries then gate logits) reordered for vLLM.
+
+    The result has the same rows as ``tensor_parallel_size`` consecutive blocks, one per rank: the queries of
+    the rank's kv groups, then their gate logits (heads in the same order). vLLM's query shard of rank r is
+    block r, and its gated attention splits it into queries and gate logits with one slice.
+
+    >>> import torch
+    >>> q_proj = torch.arange(2 * (2 * 2 + 2 * 1))         # K=2 kv groups, G=2 heads each, D=2, g=1 (headwise)
+    >>> q_proj_rows_by_rank(q_proj, 2, 2, 1, 1).tolist()    # one rank: every query, then every gate logit
+    [0, 1, 2, 3, 6, 7, 8, 9, 4, 5, 10, 11]
+    >>> q_proj_rows_by_rank(q_proj, 2, 2, 1, 2).tolist()    # two ranks: a kv group each, as released
+    [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
+    """
+    import torch
+
+    from ..models.layout import split_query_and_gate
+
+    query, gate = split_query_and_gate(q_proj, num_key_value_heads, head_dim, gate_dim, dim=0)  # (K, G, D or g, ...)
+    by_rank = [part.unflatten(0, (tensor_parallel_size, -1)).flatten(1, 3) for part in (query, gate)]
+    return torch.cat(by_rank, dim=1).flatten(0, 1)
+
+
 def check_tensor_parallel_size(num_key_value_heads: int, tensor_parallel_size: int) -> None:
     """Raise ValueError unless ``tensor_parallel_size`` divides ``num_key_value_heads``.
 
@@ -167,5 +211,7 @@ __all__ = [
     "QWEN3_ARCHITECTURE",
     "check_served_checkpoint",
     "check_tensor_parallel_size",
+    "q_proj_rows_by_rank",
     "register",
+    "serves_natively",
 ]

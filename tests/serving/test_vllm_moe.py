@@ -1,6 +1,8 @@
-"""vLLM serves gated Qwen3-MoE models (issue 23): the native checkpoint through the plugin (vLLM's Transformers
-backend with its MoE support) and the Qwen3.5-MoE export through vLLM's own ``Qwen3_5MoeForCausalLM``, each with
-greedy tokens equal to gated-qwen's own, at tensor-parallel sizes 1 and 2.
+"""vLLM serves gated Qwen3-MoE models (issues 23, 37): the native checkpoint through the plugin (vLLM's own
+Qwen3-MoE with the gate in its attention, ``Qwen3MoeGatedForCausalLM``; vLLM's Transformers backend is a class of
+another name, ``Qwen3MoeGatedBackendForCausalLM``, so a fallback to it fails the class check) and the Qwen3.5-MoE
+export through vLLM's own ``Qwen3_5MoeForCausalLM``, each with greedy tokens equal to gated-qwen's own, at
+tensor-parallel sizes 1 and 2.
 
 Like ``test_vllm_plugin.py``, the vLLM cases need vLLM installed beside gated-qwen (``.ci/run`` builds such an
 environment and runs this file there) and are skipped elsewhere; all of them run in one ``scripts/check_vllm.py``

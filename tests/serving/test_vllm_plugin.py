@@ -1,5 +1,10 @@
 """The vLLM plugin: vLLM's greedy tokens equal gated-qwen's own, at tensor-parallel sizes 1 and 2.
 
+The released gate is served by the plugin's native class (vLLM's own Qwen3 with the gate in its attention,
+``Qwen3GatedForCausalLM``); vLLM's Transformers backend, which serves the same checkpoints correctly but slower,
+is a class of another name (``Qwen3GatedBackendForCausalLM``), so each case asserting the class fails if the
+plugin falls back to it.
+
 The vLLM cases need vLLM installed beside gated-qwen (``.ci/run`` builds such an environment and runs
 this file there); elsewhere they are skipped. All of them run in one ``scripts/check_vllm.py`` process:
 starting vLLM costs far more than serving a tiny model.
@@ -51,6 +56,23 @@ def released_arm(folder: Path, gate: str, **config) -> tuple[Path, Path]:
     return folder, folder
 
 
+# The released 1.7B arms' attention layout (gated_qwen/configs/1B_*.json: hidden 2048, 16 query heads on 8 kv
+# heads of dim 128, tied embeddings): every q_proj row where the real arm has it. 2 layers, a 512-token
+# vocabulary and the tiny configs' MLP width (2 x hidden) keep CI's time and memory down; none of them moves a row.
+RELEASED_1_7B_KEYS = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "tie_word_embeddings")
+
+
+def released_arm_1_7b_layout(folder: Path, gate: str) -> tuple[Path, Path]:
+    """A released arm with the 1.7B arm's attention layout, in 2 layers."""
+    real = json.loads((REPO / "gated_qwen" / "configs" / f"1B_gate_{gate}.json").read_text())
+    return released_arm(folder, gate, **{key: real[key] for key in RELEASED_1_7B_KEYS}, vocab_size=512)
+
+
+def released_arm_with_biases(folder: Path, gate: str) -> tuple[Path, Path]:
+    """A released arm with biases on q/k/v and o_proj and no QK-norm (both of which gated-qwen reads)."""
+    return released_arm(folder, gate, qkv_bias=True, use_qk_norm=False)
+
+
 def saved_checkpoint(folder: Path, gate: str) -> tuple[Path, Path]:
     """A released arm loaded and saved by gated-qwen (model_type "qwen3_gated", safetensors)."""
     from gated_qwen import Qwen3GatedForCausalLM
@@ -73,6 +95,8 @@ def qwen3_5_export(folder: Path, gate: str) -> tuple[Path, Path]:
 # kind -> (writer, the class vLLM builds for it)
 CHECKPOINT_KINDS = {
     "released": (released_arm, "Qwen3GatedForCausalLM"),
+    "released-1.7B-layout": (released_arm_1_7b_layout, "Qwen3GatedForCausalLM"),
+    "released-biases-no-qk-norm": (released_arm_with_biases, "Qwen3GatedForCausalLM"),
     "saved": (saved_checkpoint, "Qwen3GatedForCausalLM"),
     "qwen3_5": (qwen3_5_export, "Qwen3_5ForCausalLM"),
 }
@@ -238,3 +262,25 @@ def test_a_gate_other_than_the_released_one_is_refused_in_the_front_end(tmp_path
                        ({"gate_type": "headwise", "gate_input": "none"}, "input-independent")):  # fmt: skip
         with pytest.raises(CheckpointError, match=said):
             check_served_checkpoint(front_end(Qwen3GatedConfig(**sizes, **keys)))
+
+
+def test_the_native_classes_serve_the_released_point_only():
+    """Without vLLM: which configs the native classes take: the released point, with or without a gate, whatever
+    its biases and QK-norm; every other value of each design-space key goes to the Transformers backend."""
+    from gated_qwen import Qwen3GatedConfig, Qwen3MoeGatedConfig
+    from gated_qwen.serving.vllm_plugin import serves_natively
+    from gated_qwen.utils.names import GATE_VARIANT_CHOICES, GATE_VARIANT_DEFAULTS
+
+    sizes = {"num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 32, "head_dim": 8}
+    for config_class in (Qwen3GatedConfig, Qwen3MoeGatedConfig):
+        for gate_type in ("none", "headwise", "elementwise"):
+            assert serves_natively(config_class(**sizes, gate_type=gate_type, qkv_bias=True, use_qk_norm=False))
+        for key, default in GATE_VARIANT_DEFAULTS.items():
+            others = (
+                [not default] if isinstance(default, bool) else [v for v in GATE_VARIANT_CHOICES[key] if v != default]
+            )
+            for value in others:
+                variant = {key: value}
+                if key == "gate_activation" and value == "identity":
+                    variant["gate_combination"] = "additive"
+                assert not serves_natively(config_class(**sizes, gate_type="elementwise", **variant)), variant

@@ -120,9 +120,12 @@ def test_router_and_experts_are_copied_and_the_shared_expert_is_zero(exports):
     assert (config["num_experts"], config["num_experts_per_tok"], config["moe_intermediate_size"]) == (4, 2, 16)
 
 
-def test_cli_export_and_parameter_counts(exports, tmp_path):
+def test_cli_export_and_parameter_counts(exports, tmp_path, capsys):
     source = exports["elementwise-float32"]["source"]
     assert main(["export", str(source), str(tmp_path / "out"), "--to", "qwen3_5", "--quiet"]) == 0
+    # the growth is the zero shared experts: an elementwise gate is stored as it is (issue 37)
+    out = capsys.readouterr().out
+    assert "Qwen3.5-MoE's shared experts, zero here" in out and "(the headwise gate is stored" not in out
     gated, exported = parameter_counts(json.loads((source / "config.json").read_text()))
     assert (
         exported == gated + 2 * 3 * 32 * zero_shared_expert_size(16) + 2 * 32
