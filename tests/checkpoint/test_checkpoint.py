@@ -10,7 +10,7 @@ from safetensors.torch import save_file
 from gated_qwen.checkpoint import (
     CheckpointTensors,
     TensorInfo,
-    check_q_proj_layout,
+    check_weights_match_config,
     load_pickle_weights,
     local_weight_files,
     read_checkpoint_header,
@@ -202,8 +202,8 @@ def test_layout_check_names_layer_shapes_and_implied_gate(released_checkpoint):
     """On the released layout: the shapes come from the .bin's pickle, the config says model_type qwen2."""
     folder, _ = released_checkpoint(gate="elementwise")
     tensors = read_checkpoint_header(folder).tensors
-    check_q_proj_layout(tiny_config(gate="elementwise"), tensors)
+    check_weights_match_config(tiny_config(gate="elementwise"), tensors)
     with pytest.raises(
         CheckpointError, match=r"q_proj.weight has shape \(64, 32\).*expects \(36, 32\).*'elementwise' gate"
     ):
-        check_q_proj_layout(tiny_config(gate="headwise"), tensors)
+        check_weights_match_config(tiny_config(gate="headwise"), tensors)
