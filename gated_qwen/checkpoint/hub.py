@@ -1,11 +1,7 @@
-"""Where a model comes from, checked before anything heavy runs: a local folder, or a hub repository.
-
-The one place that tells what is wrong with a model source, for every command that reads one
-(generate, analyze, eval, inspect, convert): a path that does not exist, a file where a folder is
-needed, a missing subfolder, a hub that cannot be reached (no network), a hub switched off
-(``HF_HUB_OFFLINE=1``) without the files in the local cache, an unknown repository or revision, a
-gated repository. A hub repository is probed with one request without retries (huggingface_hub retries
-a failed download for about 25 s), so a missing network is reported at once.
+"""Where a model comes from, checked before anything heavy runs: the one place that says, in one line, what is
+wrong with a model source (a missing path, a file, a missing subfolder, no network, the hub switched off without
+the files cached, an unknown or gated repository or revision). A hub repository is probed with one request
+without retries (huggingface_hub retries a failed download for about 25 s), so a missing network shows at once.
 
 >>> import gated_qwen
 >>> arm = Path(gated_qwen.__file__).parent / "default_models" / "headwise"  # the embedded model
@@ -61,10 +57,8 @@ def looks_like_path(source: str) -> bool:
 def resolve_source(
     source: str, subfolder: str = "", revision: str | None = None, token: str | bool | None = None
 ) -> Path | None:
-    """The local folder ``source``/``subfolder``, or None for a hub repository that can be read.
-
-    Raises :class:`GatedQwenError` with one line saying what is wrong: see the module docstring. For a
-    hub id this costs one request (or a look into the local cache when offline).
+    """The local folder ``source``/``subfolder``, or None for a hub repository that can be read (one request, or a
+    look into the local cache when offline); else one :class:`GatedQwenError` saying what is wrong.
 
     >>> from gated_qwen.default_models import default_model_path
     >>> models = default_model_path().parent  # headwise/ and baseline/, as the hub repository holds its arms
@@ -98,19 +92,11 @@ def resolve_source(
     return None
 
 
-def is_offline() -> bool:
-    """Whether the hub is switched off (``HF_HUB_OFFLINE=1`` or ``TRANSFORMERS_OFFLINE=1``)."""
-    from huggingface_hub import constants
-
-    return bool(constants.HF_HUB_OFFLINE)
-
-
 def check_hub_repository(
     repo_id: str, subfolder: str = "", revision: str | None = None, token: str | bool | None = None
 ) -> None:
-    """Refuse a hub repository (and subfolder) that cannot be read, with one request and no retries.
-
-    Offline, the repository's ``config.json`` must be in the local cache.
+    """Refuse a hub repository (and subfolder) that cannot be read, with one request and no retries; offline, its
+    ``config.json`` must be in the local cache.
 
     >>> check_hub_repository("QwQZh/gated_attention", "1B_no_such_arm")  # needs the network  # doctest: +SKIP
     Traceback (most recent call last):
@@ -118,9 +104,9 @@ def check_hub_repository(
     gated_qwen.errors.GatedQwenError: QwQZh/gated_attention has no subfolder '1B_no_such_arm' with a config.json; it holds ...
     """
     config_name = f"{subfolder.strip('/')}/config.json" if subfolder else "config.json"
-    if is_offline():
-        from huggingface_hub import try_to_load_from_cache
+    from huggingface_hub import constants, try_to_load_from_cache
 
+    if constants.HF_HUB_OFFLINE:
         if not isinstance(try_to_load_from_cache(repo_id, config_name, revision=revision), str):
             raise GatedQwenError(
                 f"{source_location(repo_id, subfolder)} is not in the local hub cache, and the hub is switched off "
@@ -199,6 +185,3 @@ def _is_connection_error(error: BaseException) -> bool:
     if isinstance(error, (ConnectionError, TimeoutError)) or (isinstance(error, OSError) and error.errno is not None):
         return True
     return any(cls.__name__ in ("TransportError", "ConnectionError", "Timeout") for cls in type(error).__mro__)
-
-
-__all__ = ["check_hub_repository", "hub_error", "is_offline", "looks_like_path", "resolve_source", "source_location"]
