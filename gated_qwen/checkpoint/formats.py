@@ -23,37 +23,17 @@ from ..errors import CheckpointError, GatedQwenError
 
 
 CONFIG_NAME = "config.json"
-SAFE_WEIGHTS_NAME = "model.safetensors"
 SAFE_WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
-PICKLE_WEIGHTS_NAME = "pytorch_model.bin"
-PICKLE_WEIGHTS_INDEX_NAME = "pytorch_model.bin.index.json"
-# (index, single file) of each weight format, in the order transformers prefers them
-WEIGHT_FILES = {
-    "safetensors": (SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME),
-    "pytorch": (PICKLE_WEIGHTS_INDEX_NAME, PICKLE_WEIGHTS_NAME),
-}
-WEIGHT_PATTERNS = {
-    "safetensors": ("*.safetensors", SAFE_WEIGHTS_INDEX_NAME),
-    "pytorch": ("pytorch_model*.bin", PICKLE_WEIGHTS_INDEX_NAME),
-}
-
-# Files beside the weights that a written checkpoint takes over unchanged. Python files are never
-# copied: a checkpoint's code is never run, nor passed on.
+# (index, single file) of each weight format, in the order transformers prefers them, and their files on the hub
+WEIGHT_FILES = {"safetensors": (SAFE_WEIGHTS_INDEX_NAME, "model.safetensors"), "pytorch": ("pytorch_model.bin.index.json", "pytorch_model.bin")}  # fmt: skip
+WEIGHT_PATTERNS = {format_name: (pattern, index) for (format_name, (index, _)), pattern in zip(WEIGHT_FILES.items(), ("*.safetensors", "pytorch_model*.bin"))}  # fmt: skip
+# Files beside the weights that a written checkpoint takes over unchanged: never Python files (a checkpoint's
+# code is never run, nor passed on).
 AUXILIARY_FILES = (
-    "generation_config.json",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "vocab.json",
-    "merges.txt",
-    "tokenizer.model",
-    "chat_template.jinja",
-    "chat_template.json",
-    "additional_chat_templates",
-    "LICENSE",
-    "NOTICE",
-)
+    "generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+    "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja", "chat_template.json",
+    "additional_chat_templates", "LICENSE", "NOTICE",
+)  # fmt: skip
 
 # safetensors' dtype codes and the torch dtypes they hold
 SAFETENSORS_DTYPES = {
@@ -94,7 +74,6 @@ class CheckpointHeader:
 def read_json(path: str | os.PathLike, what: str) -> dict:
     """A JSON object from ``path``, or one clear error naming the file and what it should have been.
 
-    >>> from pathlib import Path
     >>> import gated_qwen
     >>> arm = Path(gated_qwen.__file__).parent / "default_models" / "headwise"  # the embedded 4.2M model
     >>> read_json(arm / "config.json", "model config")["model_type"]
@@ -241,12 +220,7 @@ def resolve_weight_files(path_or_repo_id: str | os.PathLike, **hub_kwargs) -> li
 
 
 def present_files(
-    path_or_repo_id: str | os.PathLike,
-    names: list[str],
-    subfolder: str = "",
-    revision: str | None = None,
-    token: str | bool | None = None,
-    **hub_kwargs,
+    path_or_repo_id: str | os.PathLike, names: list[str], subfolder: str = "", **hub_kwargs
 ) -> list[str]:
     """Which of ``names`` a local checkpoint folder or hub repository holds, without downloading them (on the hub,
     transformers' ``has_file``: one request a name, the local cache alone when offline).
@@ -261,14 +235,9 @@ def present_files(
     local = Path(path_or_repo_id).expanduser() / (subfolder or "")
     if local.is_dir():
         return [name for name in names if (local / name).is_file()]
+    where = {key: hub_kwargs.get(key) for key in ("revision", "token", "proxies", "cache_dir")}
+    where["local_files_only"] = bool(hub_kwargs.get("local_files_only") or constants.HF_HUB_OFFLINE)
     prefix = f"{subfolder.strip('/')}/" if subfolder else ""
-    where = {
-        "revision": revision,
-        "token": token,
-        "proxies": hub_kwargs.get("proxies"),
-        "cache_dir": hub_kwargs.get("cache_dir"),
-        "local_files_only": bool(hub_kwargs.get("local_files_only") or constants.HF_HUB_OFFLINE),
-    }
     return [name for name in names if has_file(str(path_or_repo_id), prefix + name, **where)]
 
 
@@ -321,9 +290,7 @@ class CheckpointTensors:
 
     def stored(self, name: str) -> StoredTensor | None:
         """Where ``name``'s bytes lie in its safetensors file; None for a pickle's tensor."""
-        if name not in self._offsets:
-            return None
-        return StoredTensor(self._file_of[name], *self._offsets[name])
+        return StoredTensor(self._file_of[name], *self._offsets[name]) if name in self._offsets else None
 
     def get(self, name: str) -> torch.Tensor:
         """The tensor ``name``, on the CPU, as stored (treat it as read-only: it may be a view of the file)."""
