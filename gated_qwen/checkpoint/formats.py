@@ -74,9 +74,8 @@ class CheckpointHeader:
 def read_json(path: str | os.PathLike, what: str) -> dict:
     """A JSON object from ``path``, or one clear error naming the file and what it should have been.
 
-    >>> import gated_qwen
-    >>> arm = Path(gated_qwen.__file__).parent / "default_models" / "headwise"  # the embedded 4.2M model
-    >>> read_json(arm / "config.json", "model config")["model_type"]
+    >>> from gated_qwen.default_models import default_model_path
+    >>> read_json(default_model_path("headwise") / "config.json", "model config")["model_type"]
     'qwen3_gated'
     """
     try:
@@ -124,9 +123,8 @@ def read_local_safetensors_offsets(path: str | os.PathLike) -> dict[str, tuple[i
     safetensors has no call for them, but its format fixes them: ``safe_open`` refuses a file whose data is not
     exactly the tensors' bytes, back to back in ``offset_keys()`` order, up to the end of the file.
 
-    >>> import gated_qwen
-    >>> arm = Path(gated_qwen.__file__).parent / "default_models" / "headwise"  # the embedded 4.2M model
-    >>> start, end = read_local_safetensors_offsets(arm / "model.safetensors")["model.norm.weight"]
+    >>> from gated_qwen.default_models import default_model_path
+    >>> start, end = read_local_safetensors_offsets(default_model_path("headwise") / "model.safetensors")["model.norm.weight"]
     >>> end - start  # 256 bf16 values
     512
     """
@@ -136,8 +134,7 @@ def read_local_safetensors_offsets(path: str | os.PathLike) -> dict[str, tuple[i
     offset = os.path.getsize(path) - sum(infos[name].nbytes for name in order)
     offsets = {}
     for name in order:
-        offsets[name] = (offset, offset + infos[name].nbytes)
-        offset += infos[name].nbytes
+        offsets[name], offset = (offset, offset + infos[name].nbytes), offset + infos[name].nbytes
     return offsets
 
 
@@ -152,8 +149,7 @@ def load_pickle_weights(path: str | os.PathLike, map_location: str = "cpu") -> d
     >>> load_pickle_weights(folder / "pytorch_model.bin", map_location="meta")["model.norm.weight"].shape
     torch.Size([8])
     """
-    path = Path(path)
-    if not path.is_file():
+    if not Path(path).is_file():
         raise CheckpointError(f"{path} does not exist")
     try:
         try:
@@ -164,10 +160,9 @@ def load_pickle_weights(path: str | os.PathLike, map_location: str = "cpu") -> d
                 raise
             state = torch.load(path, map_location=map_location, weights_only=True)  # the pre-1.6 format
     except pickle.UnpicklingError as error:
-        lines = [line.strip() for line in str(error).splitlines() if line.strip()] or ["refused"]
         # torch's message is a page long; the line that names what the pickle wanted is the one to keep
-        reason = next((line for line in lines if "GLOBAL" in line or "WeightsUnpickler error" in line), lines[0])
-        reason = reason.removeprefix("WeightsUnpickler error:").strip().rstrip(".")[:200]
+        lines = [line.strip() for line in str(error).splitlines() if "GLOBAL" in line or "WeightsUnpickler" in line]
+        reason = (lines or ["refused"])[0].removeprefix("WeightsUnpickler error:").strip().rstrip(".")[:200]
         raise CheckpointError(
             f"{path} holds a pickle that is not plain tensors ({reason}); it was refused and nothing in it ran. "
             "Get the weights from a source you trust, preferably as safetensors"
@@ -213,9 +208,7 @@ def resolve_weight_files(path_or_repo_id: str | os.PathLike, **hub_kwargs) -> li
             missing = [file for file in files if not os.path.isfile(file)]
             if missing:
                 raise CheckpointError(f"{path} names the shard {Path(missing[0]).name}, which is missing")
-            if Path(path_or_repo_id, subfolder).is_dir():
-                return [os.path.normpath(file) for file in files]
-            return files
+            return [os.path.normpath(file) for file in files] if Path(path_or_repo_id, subfolder).is_dir() else files
     return []
 
 
@@ -244,9 +237,8 @@ def present_files(
 def local_weight_files(folder: str | os.PathLike) -> list[Path]:
     """The weight files of a local checkpoint folder (:func:`resolve_weight_files`); [] when it has none.
 
-    >>> import gated_qwen
-    >>> arm = Path(gated_qwen.__file__).parent / "default_models" / "headwise"  # the embedded 4.2M model
-    >>> [file.name for file in local_weight_files(arm)]
+    >>> from gated_qwen.default_models import default_model_path
+    >>> [file.name for file in local_weight_files(default_model_path("headwise"))]
     ['model.safetensors']
     """
     return [Path(file) for file in resolve_weight_files(folder)]
@@ -266,10 +258,8 @@ class CheckpointTensors:
     bounded memory: from safetensors through a map opened for that tensor alone; from a ``.bin`` through
     ``torch.load(mmap=True)``, remapped after every :attr:`MAPPED_BYTES` read so that read pages do not pile up.
 
-    >>> import gated_qwen
-    >>> arm = Path(gated_qwen.__file__).parent / "default_models" / "headwise"  # the embedded 4.2M model
-    >>> tensors = CheckpointTensors(local_weight_files(arm))
-    >>> tensors.get("model.norm.weight").dtype
+    >>> from gated_qwen.default_models import default_model_path
+    >>> CheckpointTensors(local_weight_files(default_model_path("headwise"))).get("model.norm.weight").dtype
     torch.bfloat16
     """
 
@@ -305,8 +295,7 @@ class CheckpointTensors:
                 ) from error
         if self._mapped is None or self._mapped[0] != file or self._mapped_read > self.MAPPED_BYTES:
             self._mapped = None  # drop the old map before making the new one
-            self._mapped = (file, load_pickle_weights(file))
-            self._mapped_read = 0
+            self._mapped, self._mapped_read = (file, load_pickle_weights(file)), 0
         self._mapped_read += self.infos[name].nbytes
         # A view of the map, not a copy: it keeps its map alive for as long as the caller holds it, so
         # dropping the map above only frees it once the tensors taken from it are gone.
@@ -391,7 +380,6 @@ def write_safetensors(
     with open(path, "wb") as handle:
         handle.write(len(header_bytes).to_bytes(8, "little"))
         handle.write(header_bytes)
-        run = None  # stored tensors that lie back to back in one source file: copied in one call
         for (name, spec), tensor in zip(specs.items(), tensors, strict=True):
             if isinstance(tensor, StoredTensor):
                 if tensor.end - tensor.start != spec.nbytes:
@@ -399,21 +387,11 @@ def write_safetensors(
                         f"{tensor.file}: {name} holds {tensor.end - tensor.start} bytes, not the {spec.nbytes} "
                         f"its shape {spec.shape} and dtype {spec.dtype} need; the file is corrupt"
                     )
-                if run is not None and (run.file, run.end) == (tensor.file, tensor.start):
-                    run = StoredTensor(run.file, run.start, tensor.end)
-                else:
-                    if run is not None:
-                        _append_bytes(handle, run)
-                    run = tensor
-                continue
-            if run is not None:
-                _append_bytes(handle, run)
-                run = None
-            if tuple(tensor.shape) != spec.shape or SAFETENSORS_CODES[tensor.dtype] != spec.dtype:
+                _append_bytes(handle, tensor)
+            elif tuple(tensor.shape) != spec.shape or SAFETENSORS_CODES[tensor.dtype] != spec.dtype:
                 raise AssertionError(f"{name}: produced {tuple(tensor.shape)} {tensor.dtype}, planned {spec}")
-            handle.write(tensor.contiguous().view(-1).view(torch.uint8).numpy())
-        if run is not None:
-            _append_bytes(handle, run)
+            else:
+                handle.write(tensor.contiguous().view(-1).view(torch.uint8).numpy())
 
 
 COPY_CHUNK_SIZE = 16 * 2**20  # bytes per read where the kernel cannot copy between the files itself

@@ -3,14 +3,6 @@ wrong with a model source (a missing path, a file, a missing subfolder, no netwo
 the files cached, an unknown or gated repository or revision). A hub repository is probed with one request
 without retries (huggingface_hub retries a failed download for about 25 s), so a missing network shows at once.
 
->>> import gated_qwen
->>> arm = Path(gated_qwen.__file__).parent / "default_models" / "headwise"  # the embedded model
->>> resolve_source(str(arm)) == arm
-True
->>> resolve_source("./missing_dir")
-Traceback (most recent call last):
-...
-gated_qwen.errors.GatedQwenError: ./missing_dir does not exist: there is no such folder
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
-"""Write an output folder or file whole or not at all: the one mechanism every command that writes uses.
-
-The rules are those of the documentation's "Writing outputs" page (``docs/outputs.md``). DST is resolved
-first (links followed, never replaced; a loop refused); a folder with entries is refused unless ``overwrite``.
-Everything is written into a staging folder on DST's file system, locked (``flock``) by its writer, and put in
-place at the end: a missing DST by one ``os.replace`` of the staging folder beside it; an existing DST (kept
-as the same folder) by moving its old entries into a ``.old`` folder, the new ones in, then deleting the old
-ones, undoing the moves if one fails. A write removes the unlocked staging entries (a killed run's) beside or
-inside DST, with a warning; an unlocked ``.old`` folder is reported, never removed. Not covered: power loss
-(nothing is fsync'ed), file systems without ``flock``.
+"""Write an output folder or file whole or not at all: the one mechanism every command that writes uses, under
+the rules of the documentation's "Writing outputs" page (``docs/outputs.md``): staged in a folder its writer
+locks (``flock``) on DST's file system, put in place by ``os.replace`` (or entry by entry into an existing DST,
+old entries aside into a ``.old`` folder, undone on failure); what killed runs left (unlocked staging entries)
+is removed by the next write in the same place, a ``.old`` folder reported. Not covered: power loss (no fsync).
 
 >>> import tempfile
 >>> root = Path(tempfile.mkdtemp())
@@ -163,30 +158,12 @@ def _shown(given: Path, resolved: Path) -> str:
 
 
 class OutputFolder:
-    """An output folder that is written whole or not at all (see the module docstring for the rules).
-
-    Creating one checks DST and removes what killed runs left beside it, so a command fails before its long
-    work. Entering it (``with``, or :meth:`open`) makes the staging folder and returns it: write everything
-    there. Leaving the block (or :meth:`commit`) puts the contents in place; an exception (or :meth:`discard`)
-    removes the staging folder and leaves DST as it was. ``overwrite``: replace a DST that has entries.
-    ``merge``: keep DST's other entries; the written ones replace their namesakes (with ``overwrite`` only), and
-    ``names`` lists them so that a clash is refused at once. ``advice``: what a refusal tells the user to do.
-
-    >>> import tempfile
-    >>> root = Path(tempfile.mkdtemp())
-    >>> (root / "run").mkdir(); _ = (root / "run" / "log.csv").write_text("kept")
-    >>> with OutputFolder(root / "run", overwrite=True, merge=True, names=["summary.json"]) as staging:
-    ...     _ = (staging / "summary.json").write_text("{}")
-    >>> sorted(p.name for p in (root / "run").iterdir())
-    ['log.csv', 'summary.json']
-    >>> with OutputFolder(root / "other") as staging:
-    ...     raise ValueError("failed halfway")
-    Traceback (most recent call last):
-    ...
-    ValueError: failed halfway
-    >>> (root / "other").exists(), sorted(p.name for p in root.iterdir())
-    (False, ['run'])
-    >>> shutil.rmtree(root)
+    """An output folder written whole or not at all (the module's example). Creating one checks DST (and removes
+    what killed runs left), so a command fails before its long work; entering it (``with``, :meth:`open`) returns
+    the staging folder to write into; leaving the block (:meth:`commit`) puts it in place, an exception
+    (:meth:`discard`) leaves DST as it was. ``overwrite``: replace a DST that has entries. ``merge``: keep DST's
+    other entries (``names``: the ones written, so that a clash is refused at once). ``advice``: what a refusal
+    tells the user to do.
     """
 
     def __init__(
