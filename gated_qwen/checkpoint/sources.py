@@ -50,15 +50,11 @@ def read_checkpoint_header(
     return header
 
 
-def hub_weight_files(
+def _hub_weight_files(
     repo_id: str, subfolder: str = "", revision: str | None = None, token=None
 ) -> tuple[str | None, dict[str, int]]:
     """The weight format of a hub checkpoint (safetensors where it has them) and its weight files with their
-    sizes, from the repository's listing and its index; ``(None, {})`` where there are no weights.
-
-    >>> hub_weight_files("QwQZh/gated_attention", "1B_gate_headwise")  # needs the network  # doctest: +SKIP
-    ('pytorch', {'1B_gate_headwise/pytorch_model.bin': 3443587890})
-    """
+    sizes, from the repository's listing and its index; ``(None, {})`` where there are no weights."""
     from huggingface_hub import HfApi, hf_hub_download
 
     prefix = f"{subfolder.strip('/')}/" if subfolder else ""
@@ -89,7 +85,7 @@ def _read_hub_header(repo_id: str, subfolder: str, revision: str | None, token) 
         source_location(repo_id, subfolder), read_config_json(repo_id, subfolder, revision, token)
     )
     try:
-        header.weights_format, header.file_sizes = hub_weight_files(repo_id, subfolder, revision, token)
+        header.weights_format, header.file_sizes = _hub_weight_files(repo_id, subfolder, revision, token)
         header.files = list(header.file_sizes)
         if header.weights_format == "safetensors":  # headers by HTTP range reads; a pickle's need the whole file
             for filename in header.files:
@@ -166,7 +162,7 @@ def checkpoint_folder(src: str | os.PathLike, subfolder: str = "", revision: str
 
     prefix = f"{subfolder.strip('/')}/" if subfolder else ""
     try:
-        format_name, _ = hub_weight_files(str(src), subfolder, revision)
+        format_name, _ = _hub_weight_files(str(src), subfolder, revision)
         patterns = [
             CONFIG_NAME,
             *AUXILIARY_FILES,
@@ -189,11 +185,8 @@ def read_source_checkpoint(
     """The header of the checkpoint a command reads to write the folder ``dst`` (``output`` names what it writes),
     from :func:`checkpoint_folder`; a source and DST inside one another, or a source without weights, are refused.
 
-    >>> import tempfile
-    >>> import gated_qwen
-    >>> arm = Path(gated_qwen.__file__).parent / "default_models" / "headwise"  # the embedded 4.2M model
-    >>> read_source_checkpoint(str(arm), "", None, Path(tempfile.mkdtemp()) / "out", "export").weights_format
-    'safetensors'
+    >>> from gated_qwen.default_models import default_model_path
+    >>> arm = default_model_path("headwise")
     >>> read_source_checkpoint(str(arm), "", None, arm / "out", "export")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
