@@ -117,27 +117,6 @@ def read_weight_file_header(path: str | os.PathLike) -> dict[str, TensorInfo]:
         ) from error
 
 
-def read_local_safetensors_offsets(path: str | os.PathLike) -> dict[str, tuple[int, int]]:
-    """Where each tensor's bytes lie in one local safetensors file, ``(start, end)``, to copy them unread.
-
-    safetensors has no call for them, but its format fixes them: ``safe_open`` refuses a file whose data is not
-    exactly the tensors' bytes, back to back in ``offset_keys()`` order, up to the end of the file.
-
-    >>> from gated_qwen.default_models import default_model_path
-    >>> start, end = read_local_safetensors_offsets(default_model_path("headwise") / "model.safetensors")["model.norm.weight"]
-    >>> end - start  # 256 bf16 values
-    512
-    """
-    infos = read_weight_file_header(path)
-    with safe_open(os.fspath(path), framework="pt") as handle:
-        order = handle.offset_keys()
-    offset = os.path.getsize(path) - sum(infos[name].nbytes for name in order)
-    offsets = {}
-    for name in order:
-        offsets[name], offset = (offset, offset + infos[name].nbytes), offset + infos[name].nbytes
-    return offsets
-
-
 def load_pickle_weights(path: str | os.PathLike, map_location: str = "cpu") -> dict[str, torch.Tensor]:
     """The tensors of a ``pytorch_model.bin``, read with ``torch.load(weights_only=True)``, memory-mapped
     (``map_location="meta"``: no data read). A pickle of anything but plain tensors, or a damaged one, is one
@@ -273,8 +252,13 @@ class CheckpointTensors:
             infos = read_weight_file_header(file)
             self.infos.update(infos)
             self._file_of.update(dict.fromkeys(infos, file))
-            if file.suffix == ".safetensors":
-                self._offsets.update(read_local_safetensors_offsets(file))
+            if file.suffix == ".safetensors":  # where each tensor's bytes lie, to copy them unread (stored):
+                # safe_open refuses a file whose data is not the tensors' bytes back to back in offset_keys() order
+                with safe_open(os.fspath(file), framework="pt") as handle:
+                    order = handle.offset_keys()
+                offset = os.path.getsize(file) - sum(infos[name].nbytes for name in order)
+                for name in order:
+                    self._offsets[name], offset = (offset, offset + infos[name].nbytes), offset + infos[name].nbytes
         self._mapped: tuple[Path, dict[str, torch.Tensor]] | None = None
         self._mapped_read = 0
 

@@ -128,41 +128,23 @@ def hub_error(error: BaseException, repo_id: str, subfolder: str = "", revision:
     >>> print(hub_error(OfflineModeIsEnabled("offline"), "owner/name"))
     owner/name cannot be read: the hub is switched off (HF_HUB_OFFLINE=1) and the files are not in the local cache
     """
-    from huggingface_hub import constants
-    from huggingface_hub.errors import (
-        EntryNotFoundError,
-        GatedRepoError,
-        LocalEntryNotFoundError,
-        OfflineModeIsEnabled,
-        RepositoryNotFoundError,
-        RevisionNotFoundError,
-    )
+    from huggingface_hub import constants, errors
 
-    where = source_location(repo_id, subfolder)
     if isinstance(error, GatedQwenError):
         return error
-    if isinstance(error, OfflineModeIsEnabled):
-        return GatedQwenError(
-            f"{where} cannot be read: the hub is switched off (HF_HUB_OFFLINE=1) and the files are not in the local cache"
-        )
-    if isinstance(error, GatedRepoError):
-        return GatedQwenError(
-            f"{repo_id} is a gated repository: accept its terms on its hub page, then log in (hf auth login)"
-        )
-    if isinstance(error, RepositoryNotFoundError):
-        return GatedQwenError(
-            f"{repo_id} is neither a local folder nor a repository on the hub (or it is private: log in with hf auth login)"
-        )
-    if isinstance(error, RevisionNotFoundError):
-        return GatedQwenError(f"{repo_id} has no revision {revision!r} on the hub")
-    if isinstance(error, LocalEntryNotFoundError) or _is_connection_error(error):
-        reason = " ".join(str(error).split())[:200]
-        return GatedQwenError(
-            f"{where} cannot be read: the hub ({constants.ENDPOINT}) cannot be reached ({reason}); "
-            "check the network, or set HF_HUB_OFFLINE=1 to use files already in the local cache"
-        )
-    if isinstance(error, EntryNotFoundError):
-        return GatedQwenError(f"{where} lacks a file it needs ({' '.join(str(error).split())[:200]})")
+    where, reason = source_location(repo_id, subfolder), " ".join(str(error).split())[:200]
+    # fmt: off
+    for matches, message in (  # the first that matches (a GatedRepoError is a RepositoryNotFoundError too)
+        (isinstance(error, errors.OfflineModeIsEnabled), f"{where} cannot be read: the hub is switched off (HF_HUB_OFFLINE=1) and the files are not in the local cache"),
+        (isinstance(error, errors.GatedRepoError), f"{repo_id} is a gated repository: accept its terms on its hub page, then log in (hf auth login)"),
+        (isinstance(error, errors.RepositoryNotFoundError), f"{repo_id} is neither a local folder nor a repository on the hub (or it is private: log in with hf auth login)"),
+        (isinstance(error, errors.RevisionNotFoundError), f"{repo_id} has no revision {revision!r} on the hub"),
+        (isinstance(error, errors.LocalEntryNotFoundError) or _is_connection_error(error), f"{where} cannot be read: the hub ({constants.ENDPOINT}) cannot be reached ({reason}); check the network, or set HF_HUB_OFFLINE=1 to use files already in the local cache"),
+        (isinstance(error, errors.EntryNotFoundError), f"{where} lacks a file it needs ({reason})"),
+    ):
+        if matches:
+            return GatedQwenError(message)
+    # fmt: on
     return error
 
 

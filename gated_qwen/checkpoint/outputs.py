@@ -28,6 +28,7 @@ import os
 import re
 import secrets
 import shutil
+import tempfile
 from collections import namedtuple
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -118,18 +119,12 @@ def remove_stale(folder: str | os.PathLike) -> list[Path]:
                 f"check {left.path.parent}, then delete it or move its entries back"
             )
         elif (fd := _lock(left.path)) is not None:  # None: another run is cleaning it up
-            _remove(left.path)
+            shutil.rmtree(left.path, ignore_errors=True)  # a folder; a file (output_file's) is unlinked below
+            left.path.unlink(missing_ok=True)
             _unlock(fd)
             removed.append(left.path)
             logger.warning(f"removed {left.path}, left by a gated-qwen run that was stopped while writing")
     return removed
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        path.unlink(missing_ok=True)
 
 
 def _entries(folder: Path) -> list[str]:
@@ -298,10 +293,8 @@ class OutputFolder:
 
 @contextmanager
 def output_file(path: str | os.PathLike, *, overwrite: bool = True) -> Iterator[Path]:
-    """Yield a temporary path beside ``path``; on leaving the block it replaces ``path`` in one ``os.replace``.
-
-    A link keeps being a link (the file it points to is replaced). Without ``overwrite`` an existing file is
-    refused. On an exception the temporary file is removed and ``path`` is untouched.
+    """Yield a temporary path beside ``path``, which replaces ``path`` (or the file a link points to) in one
+    ``os.replace`` when the block ends, or is removed on an exception. Without ``overwrite`` a file is refused.
 
     >>> import tempfile
     >>> with tempfile.TemporaryDirectory() as root:
@@ -344,16 +337,14 @@ def write_text(path: str | os.PathLike, text: str) -> Path:
 
 @contextmanager
 def scratch_folder(parent: str | os.PathLike | None = None, name: str = "scratch") -> Iterator[Path]:
-    """A temporary folder in ``parent`` (default: the system's), removed on leaving the block; unlike
-    :class:`tempfile.TemporaryDirectory`, one that a killed process left is removed by the next call.
+    """A temporary folder in ``parent`` (default: the system's), removed on leaving the block, or if a killed
+    process left it, by the next call.
 
     >>> with scratch_folder(name="bench") as scratch:
     ...     _ = (scratch / "stock.safetensors").write_bytes(b"")
     >>> scratch.exists()
     False
     """
-    import tempfile
-
     parent = Path(parent).expanduser() if parent is not None else Path(tempfile.gettempdir())
     parent.mkdir(parents=True, exist_ok=True)
     remove_stale(parent)

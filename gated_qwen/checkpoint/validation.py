@@ -30,12 +30,8 @@ SIZE_KEYS = (
 PRESENCE_KEYS = ("qkv_bias", "use_qk_norm", "sandwich_norm")
 
 
-def split_layer_name(name: str) -> tuple[int | None, str]:
-    """``(layer index, name inside the layer)`` of a decoder-layer tensor, else ``(None, name without "model.")``.
-
-    >>> split_layer_name("model.layers.12.mlp.up_proj.weight"), split_layer_name("model.norm.weight")
-    ((12, 'mlp.up_proj.weight'), (None, 'norm.weight'))
-    """
+def _split_layer_name(name: str) -> tuple[int | None, str]:
+    """``(layer index, name inside the layer)`` of a decoder-layer tensor, else ``(None, name without "model.")``."""
     match = _LAYER.match(name)
     if match:
         return int(match.group(1)), match.group(2)
@@ -79,7 +75,7 @@ def expected_shape(skeleton: Mapping[str, tuple[int, ...]], name: str) -> tuple[
     """The shape ``skeleton`` gives the checkpoint tensor ``name``: None outside the decoder and ``lm_head``; a str
     (what leaves it out, or "") where the config has no place for it. Experts stored one tensor per expert are
     slices of the fused ``mlp.experts.gate_up_proj`` (gate rows, then up rows) and ``mlp.experts.down_proj``."""
-    layer, local = split_layer_name(name)
+    layer, local = _split_layer_name(name)
     if layer is None:
         return skeleton["embed_tokens.weight"] if name == "lm_head.weight" else skeleton.get(local)
     key = f"layers.{layer}.{local}"
@@ -133,7 +129,7 @@ class ConfigTensors:
 
     def presence_says(self, name: str) -> str:
         """The config values that put ``name`` there or leave it out: ``"use_qk_norm False"``; "" where none does."""
-        layer, local = split_layer_name(name)
+        layer, local = _split_layer_name(name)
         if local.startswith(("self_attn.g_proj.", "self_attn.gate_logits")):
             return _gate_says(self.config)
         if local.startswith(("mlp.experts.", "mlp.gate.")) and getattr(self.config, "num_experts", 0):
@@ -246,7 +242,7 @@ def weight_disagreements(
     problems: list[tuple[tuple, str]] = []
     no_place: dict[str, list[str]] = {}
     for name, info in tensors.items():
-        layer, local = split_layer_name(name)
+        layer, local = _split_layer_name(name)
         if layer is not None and layer >= config.num_hidden_layers:
             continue  # reported once, as the layer count, below
         shape = expected.shape(name)
@@ -275,7 +271,7 @@ def weight_disagreements(
             + f"the checkpoint lacks weights the model needs: {_listed(sorted(names), 4)}"
         )
     for says, names in no_place.items():
-        names = sorted(names, key=lambda n: (split_layer_name(n)[0] or 0, n))
+        names = sorted(names, key=lambda n: (_split_layer_name(n)[0] or 0, n))
         sentences.append(
             (f"config.json says {says}, but the checkpoint has " if says else "the checkpoint has ")
             + f"{_listed(names, 3)}, which the config has no place for"
@@ -298,7 +294,7 @@ def _layers_held(tensors: Mapping[str, TensorInfo]) -> tuple[dict[int, str], dic
     layers: dict[int, str] = {}
     held: dict[int, set[str]] = {}
     for name in tensors:
-        layer, local = split_layer_name(name)
+        layer, local = _split_layer_name(name)
         if layer is not None:
             layers.setdefault(layer, name.removesuffix(local).rstrip("."))
             held.setdefault(layer, set()).add(local)
@@ -392,11 +388,9 @@ def _refuse(source: str, sentences: list[str], advice: str, error: type[Checkpoi
 
 
 def check_loaded_weights(model, loading_info: dict, checkpoint_keys: set[str] | None, source: str) -> None:
-    """Refuse a load whose missing or unexpected weights show that the config does not describe the checkpoint.
-
-    ``loading_info`` is ``from_pretrained``'s (``output_loading_info=True``); ``checkpoint_keys`` the weight
-    names in the checkpoint (None when unknown). A checkpoint of the model's own class must hold its
-    language-model head (a classifier's fresh ``score`` is normal).
+    """Refuse a load (``loading_info``: ``from_pretrained``'s) whose missing or unexpected weights show that the config
+    does not describe the checkpoint (its weight names ``checkpoint_keys``, None if unknown): part of the decoder
+    missing or without a place, or a checkpoint of the model's own class without its language-model head.
 
     >>> from gated_qwen import Qwen3GatedForCausalLM
     >>> from gated_qwen.checkpoint.formats import read_weight_file_header
