@@ -1,8 +1,5 @@
-"""Checkpoint file formats: what a weight file holds, its tensors one at a time, and streamed safetensors output.
-
-A checkpoint is a folder (or hub repository) with ``config.json`` and safetensors or, as the released arms,
-PyTorch pickle weights (one file, or shards with an index). Pickles are only ever read with
-``torch.load(weights_only=True)``: nothing in a checkpoint runs.
+"""Checkpoint file formats: what a weight file holds (safetensors, or as the released arms, PyTorch pickles, only
+ever read with ``torch.load(weights_only=True)``), its tensors one at a time, and streamed safetensors output.
 """
 
 from __future__ import annotations
@@ -341,12 +338,9 @@ def write_safetensors_checkpoint(
 def write_safetensors(
     path: Path, specs: dict[str, TensorInfo], tensors: Iterable[torch.Tensor | StoredTensor]
 ) -> None:
-    """Write one safetensors file tensor by tensor, its header known in advance from ``specs``; a
-    :class:`StoredTensor` is copied from its source file as it is.
-
-    Kept because no library writes a file tensor by tensor: safetensors' writers (``save_file``,
-    ``serialize_file``, 0.8) take every tensor of the file at once, alive in memory, and transformers' and
-    huggingface_hub's savers call them. The format (8-byte header length, JSON header, raw data) is simple.
+    """Write one safetensors file tensor by tensor (a :class:`StoredTensor` copied as it is), its header known from
+    ``specs``. Kept because no library writes a file tensor by tensor: safetensors' writers (``save_file``,
+    ``serialize_file``, 0.8), which transformers' and huggingface_hub's savers call, take every tensor at once.
 
     >>> import tempfile
     >>> path = Path(tempfile.mkdtemp()) / "a.safetensors"

@@ -31,17 +31,12 @@ _STRICT_MARK = "_gated_qwen_strict_loading"
 def strict_from_pretrained(
     cls, inherited, family: str, pretrained_model_name_or_path, *model_args, strict: bool = True, **kwargs
 ):
-    """transformers' ``from_pretrained`` (``inherited``, bound to ``cls``), strict where a mismatch means the config
-    does not describe the weights; ``family`` names the model family in messages. Reads the released arms
-    (``model_type "qwen2"``, a ``pytorch_model.bin`` read with ``weights_only=True``), stock Qwen3 checkpoints and
-    quantized ones (a quantized weight's stored parts count as the weight, its shape checked once loaded).
-
-    Refused (:class:`~gated_qwen.errors.CheckpointError`), unless ``strict=False``: from the headers, before the
-    model is built, shapes the config does not imply, layers beyond or short of ``num_hidden_layers``, decoder
-    weights it has no place for (:func:`~gated_qwen.checkpoint.validation.check_weights_match_config`); after
-    loading, part of the decoder missing, or a causal-LM checkpoint without its untied ``lm_head``. Task heads,
-    an explicit ``state_dict`` and ``ignore_mismatched_sizes=True`` (q_proj's gate rows excepted) behave as in
-    transformers. ``trust_remote_code=True`` is refused.
+    """transformers' ``from_pretrained`` (``inherited``, bound to ``cls``; ``family`` names it in messages), refusing
+    unless ``strict=False`` a checkpoint its config does not describe: from the headers, before the model is built
+    (:func:`~gated_qwen.checkpoint.validation.check_weights_match_config`), then from the load report (part of the
+    decoder missing, a causal-LM checkpoint without its untied ``lm_head``). Reads the released arms, stock Qwen3
+    and quantized checkpoints; task heads, ``state_dict`` and ``ignore_mismatched_sizes`` (but for q_proj's gate
+    rows) are as in transformers. ``trust_remote_code=True`` is refused.
 
     >>> from gated_qwen import Qwen3GatedForCausalLM, default_models
     >>> folder = default_models.default_model_path("headwise")
@@ -74,13 +69,11 @@ def strict_from_pretrained(
             tensors.update(read_weight_file_header(file))
         if not isinstance(config, PreTrainedConfig):
             config = _checked_config(cls, config or pretrained_model_name_or_path, tensors, source, advice, kwargs)
-        # A quantized checkpoint (its config carries a quantization_config) stores each quantized weight as
-        # the quantizer's parts: read them as the weight, and leave their stored shapes to the quantizer.
+        # A quantized weight is stored as the quantizer's parts: read as the weight, its shape checked once loaded
         quantized = set()
         if getattr(config, "quantization_config", None) or kwargs.get("quantization_config"):
             tensors, quantized = quantized_parameters(tensors)
-        # From the headers, before transformers builds anything the config claims. Under
-        # ignore_mismatched_sizes, transformers re-initialises differing sizes: only the gate rows stay checked.
+        # Under ignore_mismatched_sizes transformers re-initialises differing sizes: only the gate rows stay checked
         sizes = not kwargs.get("ignore_mismatched_sizes")
         check_weights_match_config(config, tensors, source, sizes=sizes, advice=advice, unchecked=quantized)
 

@@ -26,10 +26,8 @@ from .hub import looks_like_path, resolve_source, source_location
 def read_checkpoint_header(
     path_or_repo_id: str | os.PathLike, subfolder: str = "", revision: str | None = None, token=None
 ) -> CheckpointHeader:
-    """Config and tensor shapes of a local checkpoint folder or a hub repository, without the weights.
-
-    Locally, safetensors headers or a ``.bin``'s pickle without its data; on the hub, config.json, the index and
-    the safetensors headers (HTTP range reads); of pickle weights on the hub only the file sizes.
+    """Config and tensor shapes of a local checkpoint folder or a hub repository, without the weights (on the hub,
+    config.json, the index and safetensors headers by HTTP range reads; of pickle weights only the file sizes).
 
     >>> from gated_qwen.default_models import default_model_path
     >>> models = default_model_path().parent  # headwise/ and baseline/, as the hub repository holds its arms

@@ -1,10 +1,7 @@
-"""Whether a checkpoint's weights are the ones its config describes: the rules strict ``from_pretrained``,
-``inspect``, ``convert``, ``export`` and the vLLM plugin apply.
-
-:func:`check_weights_match_config` checks the weight headers before anything is built (shapes, layer count, tensors
-the config has no place for), looping over the tensors held, never over what the config claims;
-:func:`check_loaded_weights` checks transformers' load report. What the tensors should be is the config's decoder
-built on the meta device with the layers the checkpoint holds (:class:`ConfigTensors`).
+"""Whether a checkpoint's weights are the ones its config describes, the rules of strict ``from_pretrained``,
+``inspect``, ``convert``, ``export`` and the vLLM plugin: from the headers before anything is built
+(:func:`check_weights_match_config`; what the tensors should be is the config's decoder built on the meta device
+with the layers the checkpoint holds), and from transformers' load report (:func:`check_loaded_weights`).
 """
 
 from __future__ import annotations
