@@ -8,6 +8,7 @@ import json
 import math
 import os
 import pickle
+from collections import namedtuple
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from operator import attrgetter
@@ -220,13 +221,8 @@ def local_weight_files(folder: str | os.PathLike) -> list[Path]:
     return [Path(file) for file in resolve_weight_files(folder)]
 
 
-@dataclass
-class StoredTensor:
-    """Where a tensor's bytes lie in a source safetensors file: ``file[start:end]``."""
-
-    file: Path
-    start: int
-    end: int
+# Where a tensor's bytes lie in a source safetensors file: file[start:end]
+StoredTensor = namedtuple("StoredTensor", "file start end")
 
 
 class CheckpointTensors:
@@ -382,10 +378,8 @@ def _append_bytes(target, stored: StoredTensor) -> None:
     start, remaining = stored.start, stored.end - stored.start
     with open(stored.file, "rb") as source:
         try:
-            while remaining:
-                copied = os.copy_file_range(source.fileno(), target.fileno(), remaining, start)
-                if copied == 0:
-                    break  # the source ended early: the reads below say so
+            # 0 copied: the source ended early, which the reads below say
+            while remaining and (copied := os.copy_file_range(source.fileno(), target.fileno(), remaining, start)):
                 start, remaining = start + copied, remaining - copied
         except (AttributeError, OSError):
             pass

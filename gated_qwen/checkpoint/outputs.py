@@ -183,9 +183,6 @@ class OutputFolder:
             remove_stale(self.destination)
         self._check()
 
-    def __repr__(self) -> str:
-        return f"OutputFolder({str(self.destination)!r})"
-
     def _check(self) -> None:
         dst = self.destination
         if dst.exists() and not dst.is_dir():
@@ -205,7 +202,7 @@ class OutputFolder:
     def open(self) -> Path:
         """Create the staging folder and return it (what ``with`` does)."""
         if self.path is not None:
-            raise RuntimeError(f"{self!r} is already open")
+            raise RuntimeError(f"the output folder {self.destination} is already open")
         dst = self.destination
         self._check()  # again: DST may have changed since the object was made
         self._inside = dst.is_dir()
@@ -237,7 +234,7 @@ class OutputFolder:
     def commit(self) -> Path:
         """Put the staging folder's contents in place as DST; returns DST (the resolved path)."""
         if self.path is None:
-            raise RuntimeError(f"{self!r} is not open")
+            raise RuntimeError(f"the output folder {self.destination} is not open")
         try:
             if self._inside:
                 self._move_in(self.path, self.destination)

@@ -44,12 +44,8 @@ def _arms(folder_names: list[str]) -> str:
     return f"; it holds {', '.join(sorted(folder_names))}: pass one with --subfolder" if folder_names else ""
 
 
-def looks_like_path(source: str) -> bool:
-    """Whether ``source`` can only be a local path (not a hub id): ``./x``, ``/x``, ``~/x``, ``a/b/c``, ``x/``.
-
-    >>> looks_like_path("./missing_dir"), looks_like_path("QwQZh/gated_attention"), looks_like_path("runs/a/final")
-    (True, False, True)
-    """
+def _looks_like_path(source: str) -> bool:
+    """Whether ``source`` can only be a local path (not a hub id): ``./x``, ``/x``, ``~/x``, ``a/b/c``, ``x/``."""
     return (
         source.startswith((".", "/", "~"))
         or source.count("/") > 1
@@ -85,7 +81,7 @@ def resolve_source(
             arms = [p.name for p in path.iterdir() if (p / "config.json").is_file()]
             raise GatedQwenError(f"{path} has no subfolder {subfolder!r}{_arms(arms)}")
         return folder
-    if looks_like_path(source):
+    if _looks_like_path(source):
         raise GatedQwenError(f"{source} does not exist: there is no such folder")
     try:
         _check_hub_repository(source, subfolder, revision, token)
@@ -241,7 +237,7 @@ def _read_hub_header(repo_id: str, subfolder: str, revision: str | None, token) 
 def _check_hub_source(src, subfolder: str, revision: str | None, token=None) -> None:
     """Refuse at once a ``src`` that is not a local folder and cannot be a usable hub id (a file, a path, or what
     :func:`resolve_source` refuses: offline, no network, an unknown repository)."""
-    if Path(src).expanduser().exists() or looks_like_path(str(src)):
+    if Path(src).expanduser().exists() or _looks_like_path(str(src)):
         raise CheckpointError(f"{src} is not a folder; give a checkpoint folder or a hub id like owner/name")
     resolve_source(str(src), subfolder, revision, token)
 
@@ -284,15 +280,9 @@ def read_config_json(src: str | os.PathLike, subfolder: str = "", revision: str 
     return read_json(path, "model config")
 
 
-def checkpoint_folder(src: str | os.PathLike, subfolder: str = "", revision: str | None = None) -> Path:
+def _checkpoint_folder(src: str | os.PathLike, subfolder: str = "", revision: str | None = None) -> Path:
     """The local folder holding a checkpoint: ``src/subfolder``, or a hub snapshot of only the files needed
-    (config.json, one weight format, :data:`AUXILIARY_FILES`; never Python files).
-
-    >>> from gated_qwen.default_models import default_model_path
-    >>> models = default_model_path().parent  # headwise/ and baseline/, as the hub repository holds its arms
-    >>> checkpoint_folder(models, "headwise") == models / "headwise"  # a local folder is used where it lies
-    True
-    """
+    (config.json, one weight format, :data:`AUXILIARY_FILES`; never Python files)."""
     local = Path(src).expanduser()
     if local.is_dir():
         if not (local / subfolder).is_dir():
@@ -325,7 +315,7 @@ def read_source_checkpoint(
     src: str | os.PathLike, subfolder: str, revision: str | None, dst: Path, output: str
 ) -> CheckpointHeader:
     """The header of the checkpoint a command reads to write the folder ``dst`` (``output`` names what it writes),
-    from :func:`checkpoint_folder`; a source and DST inside one another, or a source without weights, are refused.
+    from :func:`_checkpoint_folder`; a source and DST inside one another, or a source without weights, are refused.
 
     >>> from gated_qwen.default_models import default_model_path
     >>> arm = default_model_path("headwise")
@@ -334,7 +324,7 @@ def read_source_checkpoint(
     ...
     gated_qwen.errors.GatedQwenError: .../headwise/out and the source .../headwise overlap; write the export elsewhere
     """
-    folder = checkpoint_folder(src, subfolder, revision)
+    folder = _checkpoint_folder(src, subfolder, revision)
     for inside, outside in ((dst, folder), (folder, dst)):
         if inside.resolve().is_relative_to(outside.resolve()):
             raise GatedQwenError(f"{dst} and the source {folder} overlap; write the {output} elsewhere")
