@@ -107,11 +107,10 @@ def unpack_uneven_4bit_weights(model) -> list[str]:
 def _checked_config(cls, config_source, tensors, source: str, advice: str, kwargs: dict):
     """The config ``from_pretrained`` will build, with the keys given to it; the layer count checked first."""
     hub_kwargs = {k: v for k, v in kwargs.items() if k in HUB_KWARGS}
-    # Config keys given to from_pretrained: the dataclass fields, and the released flags (properties).
+    # Config keys given to from_pretrained: the dataclass fields, and the released flags (properties)
     keys = {*cls.config_class.__dataclass_fields__, "headwise_attn_output_gate", "elementwise_attn_output_gate"}
     overrides = {k: v for k, v in kwargs.items() if k in keys}
-    # The layer count from config.json's number first: building the config object costs time in
-    # proportion to it (transformers makes and validates a list of per-layer attention types).
+    # The layer count first: building the config object costs time in proportion to it (per-layer attention types)
     config_dict, _ = cls.config_class.get_config_dict(config_source, **hub_kwargs)
     layers = overrides.get("num_hidden_layers", config_dict.get("num_hidden_layers"))
     if isinstance(layers, int) and not isinstance(layers, bool):

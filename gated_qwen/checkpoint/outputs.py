@@ -16,9 +16,6 @@ False
 Traceback (most recent call last):
 ...
 gated_qwen.checkpoint.outputs.OutputError: ... is not empty; choose another folder or pass --overwrite to replace it
->>> write_text(root / "result" / "notes.txt", "whole or absent")  # doctest: +ELLIPSIS
-PosixPath('.../result/notes.txt')
->>> shutil.rmtree(root)
 """
 
 from __future__ import annotations
