@@ -1,21 +1,14 @@
-"""Checkpoint file formats: what a weight file holds, its tensors one at a time, and streamed safetensors output.
-
-A checkpoint is a folder (or a hub repository) with ``config.json`` and its weights, either
-safetensors (``model.safetensors`` or shards with an index) or, as in the released gated-attention
-arms, PyTorch pickles (``pytorch_model.bin`` or shards with an index). Used by ``from_pretrained``
-(to refuse a q_proj that does not match the config before any weight is read), by ``gated-qwen
-inspect`` and by the commands that write checkpoints (``convert``, ``export``).
-
-Nothing here runs code from a checkpoint. Pickles are only ever read with
-``torch.load(weights_only=True)``, which refuses anything but plain tensors and containers; a
-file it refuses is reported as such, one line, and never unpickled otherwise.
+"""Checkpoint file formats: what a weight file holds (safetensors, or as the released arms, PyTorch pickles, only
+ever read with ``torch.load(weights_only=True)``), its tensors one at a time, and streamed safetensors output.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import pickle
+from collections import namedtuple
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from operator import attrgetter
@@ -25,41 +18,20 @@ import torch
 from safetensors import safe_open
 
 from ..errors import CheckpointError, GatedQwenError
-from .hub import is_offline
 
 
 CONFIG_NAME = "config.json"
-SAFE_WEIGHTS_NAME = "model.safetensors"
 SAFE_WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
-PICKLE_WEIGHTS_NAME = "pytorch_model.bin"
-PICKLE_WEIGHTS_INDEX_NAME = "pytorch_model.bin.index.json"
-# (index, single file) of each weight format, in the order transformers prefers them
-WEIGHT_FILES = {
-    "safetensors": (SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME),
-    "pytorch": (PICKLE_WEIGHTS_INDEX_NAME, PICKLE_WEIGHTS_NAME),
-}
-WEIGHT_PATTERNS = {
-    "safetensors": ("*.safetensors", SAFE_WEIGHTS_INDEX_NAME),
-    "pytorch": ("pytorch_model*.bin", PICKLE_WEIGHTS_INDEX_NAME),
-}
-
-# Files beside the weights that a written checkpoint takes over unchanged. Python files are never
-# copied: a checkpoint's code is never run, nor passed on.
+# (index, single file) of each weight format, in the order transformers prefers them, and their files on the hub
+WEIGHT_FILES = {"safetensors": (SAFE_WEIGHTS_INDEX_NAME, "model.safetensors"), "pytorch": ("pytorch_model.bin.index.json", "pytorch_model.bin")}  # fmt: skip
+WEIGHT_PATTERNS = {format_name: (pattern, index) for (format_name, (index, _)), pattern in zip(WEIGHT_FILES.items(), ("*.safetensors", "pytorch_model*.bin"))}  # fmt: skip
+# Files beside the weights that a written checkpoint takes over unchanged: never Python files (a checkpoint's
+# code is never run, nor passed on).
 AUXILIARY_FILES = (
-    "generation_config.json",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "vocab.json",
-    "merges.txt",
-    "tokenizer.model",
-    "chat_template.jinja",
-    "chat_template.json",
-    "additional_chat_templates",
-    "LICENSE",
-    "NOTICE",
-)
+    "generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+    "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja", "chat_template.json",
+    "additional_chat_templates", "LICENSE", "NOTICE",
+)  # fmt: skip
 
 # safetensors' dtype codes and the torch dtypes they hold
 SAFETENSORS_DTYPES = {
@@ -77,10 +49,7 @@ class TensorInfo:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for size in self.shape:
-            n *= size
-        return n
+        return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:
@@ -89,11 +58,8 @@ class TensorInfo:
 
 @dataclass
 class CheckpointHeader:
-    """What a checkpoint holds, read from its config.json and weight headers only.
-
-    ``tensors`` is empty where the shapes cannot be had without downloading the weights (pickle
-    weights on the hub); ``file_sizes`` then still says how large each weight file is.
-    """
+    """What a checkpoint holds, from its config.json and weight headers only (``tensors`` empty for pickle weights
+    on the hub, whose shapes need the download; ``file_sizes`` then still says how large each file is)."""
 
     source: str
     config: dict
@@ -106,10 +72,8 @@ class CheckpointHeader:
 def read_json(path: str | os.PathLike, what: str) -> dict:
     """A JSON object from ``path``, or one clear error naming the file and what it should have been.
 
-    >>> from pathlib import Path
-    >>> import gated_qwen
-    >>> arm = Path(gated_qwen.__file__).parent / "default_models" / "headwise"  # the embedded 4.2M model
-    >>> read_json(arm / "config.json", "model config")["model_type"]
+    >>> from gated_qwen.default_models import default_model_path
+    >>> read_json(default_model_path("headwise") / "config.json", "model config")["model_type"]
     'qwen3_gated'
     """
     try:
@@ -122,25 +86,27 @@ def read_json(path: str | os.PathLike, what: str) -> dict:
     return data
 
 
-# ----------------------------------------------------------------------------------------------
-# One weight file
+def read_weight_file_header(path: str | os.PathLike) -> dict[str, TensorInfo]:
+    """Names, shapes and dtypes in one weight file, without reading the tensors: safetensors by its header,
+    ``.bin`` by its pickle loaded on the meta device.
 
-
-def read_local_safetensors_header(path: str | os.PathLike) -> dict[str, TensorInfo]:
-    """Names, shapes and dtypes of the tensors in one local safetensors file, without reading them.
-
-    >>> from pathlib import Path
-    >>> import gated_qwen
-    >>> arm = Path(gated_qwen.__file__).parent / "default_models" / "headwise"  # the embedded 4.2M model
-    >>> read_local_safetensors_header(arm / "model.safetensors")["model.norm.weight"]
-    TensorInfo(shape=(256,), dtype='BF16')
+    >>> import tempfile
+    >>> folder = Path(tempfile.mkdtemp())  # a tiny pytorch_model.bin, as the released arms have
+    >>> torch.save({"model.norm.weight": torch.ones(8, dtype=torch.bfloat16)}, folder / "pytorch_model.bin")
+    >>> read_weight_file_header(folder / "pytorch_model.bin")
+    {'model.norm.weight': TensorInfo(shape=(8,), dtype='BF16')}
     """
+    if not str(path).endswith(".safetensors"):
+        infos = {}
+        for name, tensor in load_pickle_weights(path, map_location="meta").items():
+            if tensor.dtype not in SAFETENSORS_CODES:
+                raise CheckpointError(f"{path}: {name} has dtype {tensor.dtype}, which gated-qwen does not read")
+            infos[name] = TensorInfo(tuple(tensor.shape), SAFETENSORS_CODES[tensor.dtype])
+        return infos
     try:
         with safe_open(os.fspath(path), framework="pt") as handle:
-            return {
-                name: TensorInfo(tuple(handle.get_slice(name).get_shape()), handle.get_slice(name).get_dtype())
-                for name in handle.keys()
-            }
+            slices = {name: handle.get_slice(name) for name in handle.keys()}
+            return {name: TensorInfo(tuple(part.get_shape()), part.get_dtype()) for name, part in slices.items()}
     except FileNotFoundError as error:
         raise CheckpointError(f"{path} does not exist") from error
     except Exception as error:  # safetensors raises its own SafetensorError for a bad header
@@ -149,47 +115,18 @@ def read_local_safetensors_header(path: str | os.PathLike) -> dict[str, TensorIn
         ) from error
 
 
-def read_local_safetensors_offsets(path: str | os.PathLike) -> dict[str, tuple[int, int]]:
-    """Where each tensor's bytes lie in one local safetensors file: ``(start, end)`` from the file's start.
-
-    Writers copy unchanged tensors with these, byte for byte, without reading them into memory. safetensors
-    has no call for them, but its format fixes them: ``safe_open`` refuses a file whose data is not exactly
-    the tensors' bytes, back to back in ``offset_keys()`` order up to the end of the file.
-
-    >>> from pathlib import Path
-    >>> import gated_qwen
-    >>> arm = Path(gated_qwen.__file__).parent / "default_models" / "headwise"  # the embedded 4.2M model
-    >>> start, end = read_local_safetensors_offsets(arm / "model.safetensors")["model.norm.weight"]
-    >>> end - start  # 256 bf16 values
-    512
-    """
-    infos = read_local_safetensors_header(path)
-    with safe_open(os.fspath(path), framework="pt") as handle:
-        order = handle.offset_keys()
-    offset = os.path.getsize(path) - sum(infos[name].nbytes for name in order)
-    offsets = {}
-    for name in order:
-        offsets[name] = (offset, offset + infos[name].nbytes)
-        offset += infos[name].nbytes
-    return offsets
-
-
 def load_pickle_weights(path: str | os.PathLike, map_location: str = "cpu") -> dict[str, torch.Tensor]:
-    """The tensors of a ``pytorch_model.bin``, read with ``torch.load(weights_only=True)`` and memory-mapped.
-
-    ``map_location="meta"`` gives shapes and dtypes without reading any tensor data. A pickle that
-    holds anything but plain tensors (code to run, say) is refused by torch's safe unpickler and
-    reported as one :class:`CheckpointError`; so is a truncated or damaged file.
+    """The tensors of a ``pytorch_model.bin``, read with ``torch.load(weights_only=True)``, memory-mapped
+    (``map_location="meta"``: no data read). A pickle of anything but plain tensors, or a damaged one, is one
+    :class:`CheckpointError`.
 
     >>> import tempfile
-    >>> from pathlib import Path
     >>> folder = Path(tempfile.mkdtemp())  # a tiny pytorch_model.bin, as the released arms have
     >>> torch.save({"model.norm.weight": torch.ones(8, dtype=torch.bfloat16)}, folder / "pytorch_model.bin")
     >>> load_pickle_weights(folder / "pytorch_model.bin", map_location="meta")["model.norm.weight"].shape
     torch.Size([8])
     """
-    path = Path(path)
-    if not path.is_file():
+    if not Path(path).is_file():
         raise CheckpointError(f"{path} does not exist")
     try:
         try:
@@ -200,10 +137,9 @@ def load_pickle_weights(path: str | os.PathLike, map_location: str = "cpu") -> d
                 raise
             state = torch.load(path, map_location=map_location, weights_only=True)  # the pre-1.6 format
     except pickle.UnpicklingError as error:
-        lines = [line.strip() for line in str(error).splitlines() if line.strip()] or ["refused"]
         # torch's message is a page long; the line that names what the pickle wanted is the one to keep
-        reason = next((line for line in lines if "GLOBAL" in line or "WeightsUnpickler error" in line), lines[0])
-        reason = reason.removeprefix("WeightsUnpickler error:").strip().rstrip(".")[:200]
+        lines = [line.strip() for line in str(error).splitlines() if "GLOBAL" in line or "WeightsUnpickler" in line]
+        reason = (lines or ["refused"])[0].removeprefix("WeightsUnpickler error:").strip().rstrip(".")[:200]
         raise CheckpointError(
             f"{path} holds a pickle that is not plain tensors ({reason}); it was refused and nothing in it ran. "
             "Get the weights from a source you trust, preferably as safetensors"
@@ -218,53 +154,13 @@ def load_pickle_weights(path: str | os.PathLike, map_location: str = "cpu") -> d
     return state
 
 
-def read_local_pickle_header(path: str | os.PathLike) -> dict[str, TensorInfo]:
-    """Names, shapes and dtypes of the tensors in one local ``pytorch_model.bin``, without reading their data.
-
-    >>> import tempfile
-    >>> from pathlib import Path
-    >>> folder = Path(tempfile.mkdtemp())  # a tiny pytorch_model.bin, as the released arms have
-    >>> torch.save({"model.norm.weight": torch.ones(8, dtype=torch.bfloat16)}, folder / "pytorch_model.bin")
-    >>> read_local_pickle_header(folder / "pytorch_model.bin")["model.norm.weight"]
-    TensorInfo(shape=(8,), dtype='BF16')
-    """
-    infos = {}
-    for name, tensor in load_pickle_weights(path, map_location="meta").items():
-        if tensor.dtype not in SAFETENSORS_CODES:
-            raise CheckpointError(f"{path}: {name} has dtype {tensor.dtype}, which gated-qwen does not read")
-        infos[name] = TensorInfo(tuple(tensor.shape), SAFETENSORS_CODES[tensor.dtype])
-    return infos
-
-
-def read_weight_file_header(path: str | os.PathLike) -> dict[str, TensorInfo]:
-    """Names, shapes and dtypes in one weight file: safetensors by its header, ``.bin`` by its pickle (no data read).
-
-    >>> import tempfile
-    >>> from pathlib import Path
-    >>> folder = Path(tempfile.mkdtemp())  # a tiny pytorch_model.bin, as the released arms have
-    >>> torch.save({"model.norm.weight": torch.ones(8, dtype=torch.bfloat16)}, folder / "pytorch_model.bin")
-    >>> read_weight_file_header(folder / "pytorch_model.bin")
-    {'model.norm.weight': TensorInfo(shape=(8,), dtype='BF16')}
-    """
-    return (
-        read_local_safetensors_header(path) if str(path).endswith(".safetensors") else read_local_pickle_header(path)
-    )
-
-
-# ----------------------------------------------------------------------------------------------
-# A whole checkpoint
-
-
 HUB_KWARGS = ("subfolder", "revision", "cache_dir", "token", "local_files_only", "force_download", "proxies")
 
 
 def resolve_weight_files(path_or_repo_id: str | os.PathLike, **hub_kwargs) -> list[str]:
-    """Local paths of a checkpoint's weight files (downloaded into the hub cache if need be).
-
-    The files ``from_pretrained`` reads, in its order of preference: safetensors (index or single
-    file), then ``pytorch_model.bin`` (index or single file). Takes from_pretrained's hub arguments
-    (``subfolder``, ``revision``, ...); returns [] when the checkpoint has no weights. transformers'
-    ``has_file``, ``cached_file`` and ``get_checkpoint_shard_files`` find and fetch them.
+    """Local paths of the weight files ``from_pretrained`` reads (safetensors before pickles, index before single
+    file), fetched into the hub cache by transformers' ``cached_file`` and ``get_checkpoint_shard_files`` if need
+    be; [] without weights. Takes from_pretrained's hub arguments (``subfolder``, ``revision``, ...).
 
     >>> from gated_qwen.default_models import default_model_path
     >>> models = default_model_path().parent  # headwise/ and baseline/, as the hub repository holds its arms
@@ -289,95 +185,53 @@ def resolve_weight_files(path_or_repo_id: str | os.PathLike, **hub_kwargs) -> li
             missing = [file for file in files if not os.path.isfile(file)]
             if missing:
                 raise CheckpointError(f"{path} names the shard {Path(missing[0]).name}, which is missing")
-            if Path(path_or_repo_id, subfolder).is_dir():
-                return [os.path.normpath(file) for file in files]
-            return files
+            return [os.path.normpath(file) for file in files] if Path(path_or_repo_id, subfolder).is_dir() else files
     return []
 
 
 def present_files(
-    path_or_repo_id: str | os.PathLike,
-    names: list[str],
-    subfolder: str = "",
-    revision: str | None = None,
-    token: str | bool | None = None,
-    **hub_kwargs,
+    path_or_repo_id: str | os.PathLike, names: list[str], subfolder: str = "", **hub_kwargs
 ) -> list[str]:
-    """Which of ``names`` a local checkpoint folder or hub repository holds, without downloading them.
-
-    On the hub, transformers' ``has_file`` (one request a name; the local cache alone when offline).
+    """Which of ``names`` a local checkpoint folder or hub repository holds, without downloading them (on the hub,
+    transformers' ``has_file``: one request a name, the local cache alone when offline).
 
     >>> from gated_qwen.default_models import default_model_path
     >>> present_files(default_model_path("headwise"), ["config.json", "pytorch_model.bin"])
     ['config.json']
     """
+    from huggingface_hub import constants
     from transformers.utils.hub import has_file
 
     local = Path(path_or_repo_id).expanduser() / (subfolder or "")
     if local.is_dir():
         return [name for name in names if (local / name).is_file()]
+    where = {key: hub_kwargs.get(key) for key in ("revision", "token", "proxies", "cache_dir")}
+    where["local_files_only"] = bool(hub_kwargs.get("local_files_only") or constants.HF_HUB_OFFLINE)
     prefix = f"{subfolder.strip('/')}/" if subfolder else ""
-    where = {
-        "revision": revision,
-        "token": token,
-        "proxies": hub_kwargs.get("proxies"),
-        "cache_dir": hub_kwargs.get("cache_dir"),
-        "local_files_only": bool(hub_kwargs.get("local_files_only") or is_offline()),
-    }
     return [name for name in names if has_file(str(path_or_repo_id), prefix + name, **where)]
 
 
 def local_weight_files(folder: str | os.PathLike) -> list[Path]:
     """The weight files of a local checkpoint folder (:func:`resolve_weight_files`); [] when it has none.
 
-    >>> from pathlib import Path
-    >>> import gated_qwen
-    >>> arm = Path(gated_qwen.__file__).parent / "default_models" / "headwise"  # the embedded 4.2M model
-    >>> [file.name for file in local_weight_files(arm)]
+    >>> from gated_qwen.default_models import default_model_path
+    >>> [file.name for file in local_weight_files(default_model_path("headwise"))]
     ['model.safetensors']
     """
     return [Path(file) for file in resolve_weight_files(folder)]
 
 
-def weights_format(files: Iterable[str | os.PathLike]) -> str | None:
-    """``"safetensors"``, ``"pytorch"`` or None (no files), from the files' names.
-
-    >>> weights_format(["pytorch_model.bin"])
-    'pytorch'
-    """
-    names = [str(f) for f in files]
-    if not names:
-        return None
-    return "safetensors" if names[0].endswith(".safetensors") else "pytorch"
-
-
-# ----------------------------------------------------------------------------------------------
-# Tensors one at a time
-
-
-@dataclass
-class StoredTensor:
-    """Where a tensor's bytes lie in a source safetensors file: ``file[start:end]``."""
-
-    file: Path
-    start: int
-    end: int
+# Where a tensor's bytes lie in a source safetensors file: file[start:end]
+StoredTensor = namedtuple("StoredTensor", "file start end")
 
 
 class CheckpointTensors:
-    """The tensors of a local checkpoint's weight files, read one at a time, in bounded memory.
+    """The tensors of a local checkpoint's weight files (``infos``: shapes and dtypes), read one at a time in
+    bounded memory: from safetensors through a map opened for that tensor alone; from a ``.bin`` through
+    ``torch.load(mmap=True)``, remapped after every :attr:`MAPPED_BYTES` read so that read pages do not pile up.
 
-    ``infos`` has every tensor's shape and dtype, read from the headers. :meth:`get` reads one
-    tensor: from safetensors through a memory map opened for that tensor alone; from
-    ``pytorch_model.bin`` through ``torch.load(mmap=True, weights_only=True)``, whose map is dropped
-    and made again after every :attr:`MAPPED_BYTES` read, so that the pages read do not pile up in
-    resident memory. :meth:`stored` says where a safetensors tensor's bytes lie, for copying them unread.
-
-    >>> from pathlib import Path
-    >>> import gated_qwen
-    >>> arm = Path(gated_qwen.__file__).parent / "default_models" / "headwise"  # the embedded 4.2M model
-    >>> tensors = CheckpointTensors(local_weight_files(arm))
-    >>> tensors.get("model.norm.weight").dtype
+    >>> from gated_qwen.default_models import default_model_path
+    >>> CheckpointTensors(local_weight_files(default_model_path("headwise"))).get("model.norm.weight").dtype
     torch.bfloat16
     """
 
@@ -391,16 +245,19 @@ class CheckpointTensors:
             infos = read_weight_file_header(file)
             self.infos.update(infos)
             self._file_of.update(dict.fromkeys(infos, file))
-            if file.suffix == ".safetensors":
-                self._offsets.update(read_local_safetensors_offsets(file))
+            if file.suffix == ".safetensors":  # where each tensor's bytes lie, to copy them unread (stored):
+                # safe_open refuses a file whose data is not the tensors' bytes back to back in offset_keys() order
+                with safe_open(os.fspath(file), framework="pt") as handle:
+                    order = handle.offset_keys()
+                offset = os.path.getsize(file) - sum(infos[name].nbytes for name in order)
+                for name in order:
+                    self._offsets[name], offset = (offset, offset + infos[name].nbytes), offset + infos[name].nbytes
         self._mapped: tuple[Path, dict[str, torch.Tensor]] | None = None
         self._mapped_read = 0
 
     def stored(self, name: str) -> StoredTensor | None:
         """Where ``name``'s bytes lie in its safetensors file; None for a pickle's tensor."""
-        if name not in self._offsets:
-            return None
-        return StoredTensor(self._file_of[name], *self._offsets[name])
+        return StoredTensor(self._file_of[name], *self._offsets[name]) if name in self._offsets else None
 
     def get(self, name: str) -> torch.Tensor:
         """The tensor ``name``, on the CPU, as stored (treat it as read-only: it may be a view of the file)."""
@@ -415,39 +272,11 @@ class CheckpointTensors:
                 ) from error
         if self._mapped is None or self._mapped[0] != file or self._mapped_read > self.MAPPED_BYTES:
             self._mapped = None  # drop the old map before making the new one
-            self._mapped = (file, load_pickle_weights(file))
-            self._mapped_read = 0
+            self._mapped, self._mapped_read = (file, load_pickle_weights(file)), 0
         self._mapped_read += self.infos[name].nbytes
         # A view of the map, not a copy: it keeps its map alive for as long as the caller holds it, so
         # dropping the map above only frees it once the tensors taken from it are gone.
         return self._mapped[1][name]
-
-
-# ----------------------------------------------------------------------------------------------
-# Writing safetensors, streamed
-
-
-def split_into_shards(plan: dict[str, TensorInfo], max_shard_size: int | str):
-    """huggingface_hub's split of ``plan`` into shards of at most ``max_shard_size`` (``"5GB"``, or bytes).
-
-    >>> split_into_shards({"a": TensorInfo((4,), "F32")}, "5GB").filename_to_tensors
-    {'model.safetensors': ['a']}
-    """
-    from huggingface_hub import split_state_dict_into_shards_factory
-
-    if isinstance(max_shard_size, str) and max_shard_size.strip().isdigit():
-        max_shard_size = int(max_shard_size)  # a plain number of bytes, as the CLI passes it
-    try:
-        return split_state_dict_into_shards_factory(
-            plan,
-            get_storage_size=attrgetter("nbytes"),
-            filename_pattern="model{suffix}.safetensors",
-            max_shard_size=max_shard_size,
-        )
-    except ValueError as error:
-        raise GatedQwenError(
-            f"max shard size {max_shard_size!r} is not a size like 5GB, 500MB or a number of bytes"
-        ) from error
 
 
 def write_safetensors_checkpoint(
@@ -458,29 +287,34 @@ def write_safetensors_checkpoint(
     progress: bool = True,
     description: str = "writing",
 ) -> list[str]:
-    """Write the tensors of ``plan`` into ``folder`` as sharded safetensors with an index; the shard names.
-
-    ``produce(name)`` is called once per tensor, in order, and returns the tensor, or a
-    :class:`StoredTensor` whose bytes are copied from its file unread; so only one tensor is in memory
-    at a time. ``folder`` must exist (it is the staging folder of the caller's output).
+    """Write the tensors of ``plan`` into the existing ``folder`` as safetensors, sharded by huggingface_hub's plan
+    (``max_shard_size``: ``"5GB"`` or bytes) with an index; returns the shard names. ``produce(name)``, called once
+    per tensor in order, returns it or a :class:`StoredTensor` copied unread: one tensor in memory at a time.
 
     >>> import tempfile
     >>> staging = tempfile.mkdtemp()
     >>> write_safetensors_checkpoint(staging, {"a": TensorInfo((2,), "F32")}, lambda name: torch.zeros(2))
     ['model.safetensors']
     """
+    from huggingface_hub import split_state_dict_into_shards_factory
     from tqdm.auto import tqdm
 
     folder = Path(folder)
-    split = split_into_shards(plan, max_shard_size)
+    if isinstance(max_shard_size, str) and max_shard_size.strip().isdigit():
+        max_shard_size = int(max_shard_size)  # a plain number of bytes, as the CLI passes it
+    try:
+        split = split_state_dict_into_shards_factory(
+            plan, get_storage_size=attrgetter("nbytes"), filename_pattern="model{suffix}.safetensors",
+            max_shard_size=max_shard_size,
+        )  # fmt: skip
+    except ValueError as error:
+        raise GatedQwenError(
+            f"max shard size {max_shard_size!r} is not a size like 5GB, 500MB or a number of bytes"
+        ) from error
     total_size = sum(info.nbytes for info in plan.values())
+    disable = None if progress else True
     with tqdm(
-        total=total_size,
-        unit="B",
-        unit_scale=True,
-        unit_divisor=1024,
-        desc=description,
-        disable=None if progress else True,
+        total=total_size, unit="B", unit_scale=True, unit_divisor=1024, desc=description, disable=disable
     ) as bar:
         for filename, names in split.filename_to_tensors.items():
             specs = {name: plan[name] for name in names}
@@ -500,18 +334,14 @@ def write_safetensors_checkpoint(
 def write_safetensors(
     path: Path, specs: dict[str, TensorInfo], tensors: Iterable[torch.Tensor | StoredTensor]
 ) -> None:
-    """Write one safetensors file tensor by tensor; the header is known in advance from ``specs``.
-
-    Kept because no library writes a file tensor by tensor: safetensors' writers (``safetensors.torch.save_file``,
-    ``safetensors.serialize_file`` with its ``TensorSpec`` pointers, 0.8) take every tensor of the file at once,
-    alive in memory, and transformers' and huggingface_hub's savers call them. The format is simple enough
-    (8-byte little-endian header length, JSON header with byte offsets, raw little-endian data) to stream
-    instead. A :class:`StoredTensor` is copied from its source file as it is.
+    """Write one safetensors file tensor by tensor (a :class:`StoredTensor` copied as it is), its header known from
+    ``specs``. Kept because no library writes a file tensor by tensor: safetensors' writers (``save_file``,
+    ``serialize_file``, 0.8), which transformers' and huggingface_hub's savers call, take every tensor at once.
 
     >>> import tempfile
     >>> path = Path(tempfile.mkdtemp()) / "a.safetensors"
     >>> write_safetensors(path, {"a": TensorInfo((2,), "F32")}, [torch.zeros(2)])
-    >>> read_local_safetensors_header(path)
+    >>> read_weight_file_header(path)
     {'a': TensorInfo(shape=(2,), dtype='F32')}
     """
     header, offset = {"__metadata__": {"format": "pt"}}, 0
@@ -524,7 +354,6 @@ def write_safetensors(
     with open(path, "wb") as handle:
         handle.write(len(header_bytes).to_bytes(8, "little"))
         handle.write(header_bytes)
-        run = None  # stored tensors that lie back to back in one source file: copied in one call
         for (name, spec), tensor in zip(specs.items(), tensors, strict=True):
             if isinstance(tensor, StoredTensor):
                 if tensor.end - tensor.start != spec.nbytes:
@@ -532,41 +361,25 @@ def write_safetensors(
                         f"{tensor.file}: {name} holds {tensor.end - tensor.start} bytes, not the {spec.nbytes} "
                         f"its shape {spec.shape} and dtype {spec.dtype} need; the file is corrupt"
                     )
-                if run is not None and (run.file, run.end) == (tensor.file, tensor.start):
-                    run = StoredTensor(run.file, run.start, tensor.end)
-                else:
-                    if run is not None:
-                        _append_bytes(handle, run)
-                    run = tensor
-                continue
-            if run is not None:
-                _append_bytes(handle, run)
-                run = None
-            if tuple(tensor.shape) != spec.shape or SAFETENSORS_CODES[tensor.dtype] != spec.dtype:
+                _append_bytes(handle, tensor)
+            elif tuple(tensor.shape) != spec.shape or SAFETENSORS_CODES[tensor.dtype] != spec.dtype:
                 raise AssertionError(f"{name}: produced {tuple(tensor.shape)} {tensor.dtype}, planned {spec}")
-            handle.write(tensor.contiguous().view(-1).view(torch.uint8).numpy())
-        if run is not None:
-            _append_bytes(handle, run)
+            else:
+                handle.write(tensor.contiguous().view(-1).view(torch.uint8).numpy())
 
 
 COPY_CHUNK_SIZE = 16 * 2**20  # bytes per read where the kernel cannot copy between the files itself
 
 
 def _append_bytes(target, stored: StoredTensor) -> None:
-    """Append ``stored``'s bytes to the open file ``target``.
-
-    os.copy_file_range copies inside the kernel (or the file system, which may share the blocks):
-    the bytes neither pass through Python nor stay resident in this process. Where it is missing
-    (not Linux) or refused (some file systems), chunks of COPY_CHUNK_SIZE are read and written.
-    """
+    """Append ``stored``'s bytes to the open file ``target``: by os.copy_file_range, inside the kernel (the bytes
+    never resident here), or where it is missing or refused, in chunks of COPY_CHUNK_SIZE."""
     target.flush()
     start, remaining = stored.start, stored.end - stored.start
     with open(stored.file, "rb") as source:
         try:
-            while remaining:
-                copied = os.copy_file_range(source.fileno(), target.fileno(), remaining, start)
-                if copied == 0:
-                    break  # the source ended early: the reads below say so
+            # 0 copied: the source ended early, which the reads below say
+            while remaining and (copied := os.copy_file_range(source.fileno(), target.fileno(), remaining, start)):
                 start, remaining = start + copied, remaining - copied
         except (AttributeError, OSError):
             pass

@@ -1,20 +1,9 @@
 """Strict loading: transformers' ``from_pretrained``, refusing a checkpoint its config does not describe.
 
-The model classes only compute (:mod:`gated_qwen.models`); what loading refuses lives here, in the I/O
-layer. transformers (5.x) offers no hook that sees both the config and the checkpoint's files before the
-model is built, so the strict loader wraps the inherited ``from_pretrained``: :func:`install_strict_loading`
-sets it on a model family's base class, whose subclasses (bare model, causal LM, classifier) inherit it.
-``import gated_qwen`` installs it the moment a family's modeling module has been imported (a post-import
-hook), so the class is strict however it is reached: ``gated_qwen.Qwen3GatedForCausalLM``, the modeling
-module itself, or transformers' Auto classes.
-
-A model family gets the same strict loader by one line in ``gated_qwen/__init__.py``, an entry of
-``STRICT_LOADING`` (its modeling module -> its ``PreTrainedModel`` base class)::
-
-    STRICT_LOADING = {
-        "gated_qwen.models.qwen3_gated.modeling_qwen3_gated": "Qwen3GatedPreTrainedModel",
-        "gated_qwen.models.qwen3_moe_gated.modeling_qwen3_moe_gated": "Qwen3MoeGatedPreTrainedModel",
-    }
+transformers (5.x) has no hook that sees both the config and the checkpoint's files before the model is built, so
+:func:`install_strict_loading` wraps the inherited ``from_pretrained`` on a model family's base class.
+``import gated_qwen`` installs it as soon as the family's modeling module is imported (a post-import hook), however
+the class is reached; a family gets it by one entry of ``STRICT_LOADING`` in ``gated_qwen/__init__.py``.
 """
 
 from __future__ import annotations
@@ -42,35 +31,12 @@ _STRICT_MARK = "_gated_qwen_strict_loading"
 def strict_from_pretrained(
     cls, inherited, family: str, pretrained_model_name_or_path, *model_args, strict: bool = True, **kwargs
 ):
-    """transformers' ``from_pretrained``, strict where a mismatch means the config does not describe the weights.
-
-    ``inherited`` is the ``from_pretrained`` the strict one wraps (transformers', bound to ``cls``), ``family``
-    the model family's name for messages (``"Qwen3Gated"``). Reads the released arms as they are (``model_type
-    "qwen2"``, one ``pytorch_model.bin``, read with ``torch.load(weights_only=True)``), stock Qwen3 checkpoints
-    (gate ``"none"``) and checkpoints saved here. Python files beside the weights are never imported.
-
-    Errors (:class:`~gated_qwen.errors.CheckpointError`), unless ``strict=False``:
-
-    * weights the config does not describe, found from the safetensors headers or a ``.bin``'s pickle
-      without its data, before the model is built (:func:`~gated_qwen.checkpoint.validation.check_weights_match_config`):
-      a tensor whose shape is not the one the config implies (vocabulary, hidden size, MLP width, kv heads,
-      head_dim, q_proj's gate rows), layers beyond or short of ``num_hidden_layers``, biases or QK-norm
-      weights the config has no place for;
-    * a checkpoint that holds part of the decoder but not all of it (layers, norms, biases missing),
-      or decoder weights the config has no place for (QK-norm, biases, extra layers);
-    * a causal-LM checkpoint (decoder under ``model.`` and no other head) without ``lm_head`` while
-      the config says the embeddings are untied.
-
-    As in transformers (the weight is initialised or dropped, and named in the load report and in
-    ``output_loading_info``): task heads the checkpoint or the model lacks (``lm_head`` when loading a
-    bare-model checkpoint into the causal LM, a new classifier's ``score``, ``lm_head`` when loading into
-    a classifier), an explicit ``state_dict``, a checkpoint that holds none of the model's weights, and
-    sizes that differ under ``ignore_mismatched_sizes=True`` (q_proj's gate rows excepted: still an
-    error). ``strict=False`` is transformers' behaviour in every case. ``trust_remote_code=True`` is
-    refused.
-
-    A quantized checkpoint (``save_pretrained`` of a model loaded with ``TorchAoConfig``) is read under the same
-    rules: a quantized weight's stored parts count as the weight, its shape checked on the loaded model.
+    """transformers' ``from_pretrained`` (``inherited``, bound to ``cls``; ``family`` names it in messages), refusing
+    unless ``strict=False`` a checkpoint its config does not describe: from the headers, before the model is built
+    (:func:`~gated_qwen.checkpoint.validation.check_weights_match_config`), then from the load report (part of the
+    decoder missing, a causal-LM checkpoint without its untied ``lm_head``). Reads the released arms, stock Qwen3
+    and quantized checkpoints; task heads, ``state_dict`` and ``ignore_mismatched_sizes`` (but for q_proj's gate
+    rows) are as in transformers. ``trust_remote_code=True`` is refused.
 
     >>> from gated_qwen import Qwen3GatedForCausalLM, default_models
     >>> folder = default_models.default_model_path("headwise")
@@ -103,13 +69,11 @@ def strict_from_pretrained(
             tensors.update(read_weight_file_header(file))
         if not isinstance(config, PreTrainedConfig):
             config = _checked_config(cls, config or pretrained_model_name_or_path, tensors, source, advice, kwargs)
-        # A quantized checkpoint (its config carries a quantization_config) stores each quantized weight as
-        # the quantizer's parts: read them as the weight, and leave their stored shapes to the quantizer.
+        # A quantized weight is stored as the quantizer's parts: read as the weight, its shape checked once loaded
         quantized = set()
         if getattr(config, "quantization_config", None) or kwargs.get("quantization_config"):
             tensors, quantized = quantized_parameters(tensors)
-        # From the headers, before transformers builds anything the config claims. Under
-        # ignore_mismatched_sizes, transformers re-initialises differing sizes: only the gate rows stay checked.
+        # Under ignore_mismatched_sizes transformers re-initialises differing sizes: only the gate rows stay checked
         sizes = not kwargs.get("ignore_mismatched_sizes")
         check_weights_match_config(config, tensors, source, sizes=sizes, advice=advice, unchecked=quantized)
 
@@ -123,12 +87,9 @@ def strict_from_pretrained(
 
 
 def unpack_uneven_4bit_weights(model) -> list[str]:
-    """Keep bitsandbytes' 4-bit CPU kernel off the weights it cannot run: those whose rows are not a multiple of 32.
-
-    On a CPU with AVX512-BF16, bitsandbytes repacks a 4-bit weight for its fast kernel at the first forward
-    without gradients, which asserts ``N must be divisible by block_n`` (32). A headwise q_proj has
-    ``heads * head_dim + heads`` rows, never a multiple of 32: such weights keep bitsandbytes' plain 4-bit
-    path (the one it takes under gradients, same values). Returns the modules changed.
+    """Keep bitsandbytes' 4-bit CPU kernel (AVX512-BF16, which asserts ``N must be divisible by block_n``) off the
+    weights whose rows are not a multiple of 32, as a headwise q_proj's; they take its plain 4-bit path (the same
+    values). Returns the modules changed.
 
     >>> import torch
     >>> unpack_uneven_4bit_weights(torch.nn.Linear(4, 68))  # not a bitsandbytes module: nothing to do
@@ -146,11 +107,10 @@ def unpack_uneven_4bit_weights(model) -> list[str]:
 def _checked_config(cls, config_source, tensors, source: str, advice: str, kwargs: dict):
     """The config ``from_pretrained`` will build, with the keys given to it; the layer count checked first."""
     hub_kwargs = {k: v for k, v in kwargs.items() if k in HUB_KWARGS}
-    # Config keys given to from_pretrained: the dataclass fields, and the released flags (properties).
+    # Config keys given to from_pretrained: the dataclass fields, and the released flags (properties)
     keys = {*cls.config_class.__dataclass_fields__, "headwise_attn_output_gate", "elementwise_attn_output_gate"}
     overrides = {k: v for k, v in kwargs.items() if k in keys}
-    # The layer count from config.json's number first: building the config object costs time in
-    # proportion to it (transformers makes and validates a list of per-layer attention types).
+    # The layer count first: building the config object costs time in proportion to it (per-layer attention types)
     config_dict, _ = cls.config_class.get_config_dict(config_source, **hub_kwargs)
     layers = overrides.get("num_hidden_layers", config_dict.get("num_hidden_layers"))
     if isinstance(layers, int) and not isinstance(layers, bool):
@@ -159,9 +119,7 @@ def _checked_config(cls, config_source, tensors, source: str, advice: str, kwarg
 
 
 def install_strict_loading(model_class: type) -> None:
-    """Make ``model_class.from_pretrained`` (and its subclasses') :func:`strict_from_pretrained` over the inherited one.
-
-    Idempotent. ``gated_qwen/__init__.py`` calls it for each entry of its ``STRICT_LOADING``.
+    """Make ``model_class.from_pretrained`` (and its subclasses') :func:`strict_from_pretrained`; idempotent.
 
     >>> from gated_qwen.models.qwen3_gated.modeling_qwen3_gated import Qwen3GatedForCausalLM, Qwen3GatedPreTrainedModel
     >>> install_strict_loading(Qwen3GatedPreTrainedModel)  # import gated_qwen has already: this changes nothing
@@ -185,6 +143,3 @@ def install_strict_loading(model_class: type) -> None:
     from_pretrained.__module__ = __name__
     setattr(from_pretrained, _STRICT_MARK, True)
     model_class.from_pretrained = classmethod(from_pretrained)
-
-
-__all__ = ["install_strict_loading", "strict_from_pretrained", "unpack_uneven_4bit_weights"]

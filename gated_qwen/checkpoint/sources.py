@@ -1,15 +1,15 @@
-"""Where a checkpoint comes from: a local folder or a hub repository, read as headers or fetched as files.
-
-Commands and ``from_pretrained`` take a checkpoint as a folder or a hub id (with ``subfolder`` and
-``revision``). The functions here find its config and weight files, read its tensor shapes without the
-weights (:func:`read_checkpoint_header`), and fetch from the hub only what is needed (config, one weight
-format, tokenizer, generation config; never Python files). File formats themselves are
-:mod:`gated_qwen.checkpoint.formats`; hub probing and error messages are :mod:`gated_qwen.checkpoint.hub`.
+"""Where a checkpoint comes from: a local folder or a hub repository (``subfolder``, ``revision``), checked before
+anything heavy runs (:func:`resolve_source`: one line for a missing path, a file, a missing subfolder, no network,
+the hub switched off without the files cached, an unknown or gated repository; one probe without retries, where
+huggingface_hub retries a download for about 25 s), then read as headers (:func:`read_checkpoint_header`) or
+fetched as the files needed (config, one weight format, tokenizer, generation config; never Python files).
 """
 
 from __future__ import annotations
 
+import functools
 import os
+import re
 from pathlib import Path
 
 from ..errors import CheckpointError, GatedQwenError
@@ -23,22 +23,151 @@ from .formats import (
     local_weight_files,
     read_json,
     read_weight_file_header,
-    weights_format,
 )
-from .hub import looks_like_path, resolve_source, source_location
+
+
+# owner/name or name, as the hub spells repository ids
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
+PROBE_TIMEOUT_S = 10.0
+
+
+def source_location(repo_id: str, subfolder: str = "") -> str:
+    """A source as messages name it.
+
+    >>> source_location("QwQZh/gated_attention", "1B_gate_headwise")
+    'QwQZh/gated_attention (subfolder 1B_gate_headwise)'
+    """
+    return f"{repo_id}" + (f" (subfolder {subfolder})" if subfolder else "")
+
+
+def _arms(folder_names: list[str]) -> str:
+    return f"; it holds {', '.join(sorted(folder_names))}: pass one with --subfolder" if folder_names else ""
+
+
+def _looks_like_path(source: str) -> bool:
+    """Whether ``source`` can only be a local path (not a hub id): ``./x``, ``/x``, ``~/x``, ``a/b/c``, ``x/``."""
+    return (
+        source.startswith((".", "/", "~"))
+        or source.count("/") > 1
+        or source.endswith("/")
+        or not HUB_ID.fullmatch(source)
+    )
+
+
+def resolve_source(
+    source: str, subfolder: str = "", revision: str | None = None, token: str | bool | None = None
+) -> Path | None:
+    """The local folder ``source``/``subfolder``, or None for a hub repository that can be read (one request, or a
+    look into the local cache when offline); else one :class:`GatedQwenError` saying what is wrong.
+
+    >>> from gated_qwen.default_models import default_model_path
+    >>> models = default_model_path().parent  # headwise/ and baseline/, as the hub repository holds its arms
+    >>> resolve_source(str(models), "headwise") == models / "headwise"
+    True
+    >>> resolve_source(str(models), "no_such_arm")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    gated_qwen.errors.GatedQwenError: ... has no subfolder 'no_such_arm'; it holds baseline, headwise: pass one...
+    """
+    source = str(source)
+    path = Path(source).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise GatedQwenError(
+                f"{source} is a file, not a folder; give the folder that holds the checkpoint (config.json, weights, tokenizer files)"
+            )
+        folder = path / subfolder
+        if not folder.is_dir():
+            arms = [p.name for p in path.iterdir() if (p / "config.json").is_file()]
+            raise GatedQwenError(f"{path} has no subfolder {subfolder!r}{_arms(arms)}")
+        return folder
+    if _looks_like_path(source):
+        raise GatedQwenError(f"{source} does not exist: there is no such folder")
+    try:
+        _check_hub_repository(source, subfolder, revision, token)
+    except GatedQwenError as error:
+        if "/" in source:  # owner/name: a hub id
+            raise
+        raise GatedQwenError(f"there is no local folder {source}, and as a hub id: {error}") from error
+    return None
+
+
+def _check_hub_repository(
+    repo_id: str, subfolder: str = "", revision: str | None = None, token: str | bool | None = None
+) -> None:
+    """Refuse a hub repository (and subfolder) that cannot be read, with one request and no retries; offline, its
+    ``config.json`` must be in the local cache."""
+    config_name = f"{subfolder.strip('/')}/config.json" if subfolder else "config.json"
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    if constants.HF_HUB_OFFLINE:
+        if not isinstance(try_to_load_from_cache(repo_id, config_name, revision=revision), str):
+            raise GatedQwenError(
+                f"{source_location(repo_id, subfolder)} is not in the local hub cache, and the hub is switched off "
+                "(HF_HUB_OFFLINE=1): unset HF_HUB_OFFLINE on a machine with network, or give a local folder"
+            )
+        return
+    try:
+        files = _repository_files(repo_id, revision, token)
+    except Exception as error:  # noqa: BLE001 - classified by hub_error; anything unknown is re-raised as it is
+        mapped = hub_error(error, repo_id, subfolder, revision)
+        if mapped is error:
+            raise
+        raise mapped from error
+    if files and config_name not in files:
+        arms = sorted({name.rsplit("/", 2)[-2] for name in files if name.endswith("/config.json")})
+        what = f"no subfolder {subfolder!r} with a config.json" if subfolder else "no config.json at its top"
+        raise GatedQwenError(f"{repo_id} has {what}{_arms(arms)}")
+
+
+@functools.lru_cache(maxsize=32)
+def _repository_files(repo_id: str, revision: str | None, token: str | bool | None) -> tuple[str, ...]:
+    """The file names of a hub repository at ``revision``: one request, remembered for the process."""
+    from huggingface_hub import HfApi
+
+    info = HfApi(token=token).model_info(repo_id, revision=revision, timeout=PROBE_TIMEOUT_S)
+    return tuple(sibling.rfilename for sibling in info.siblings or ())
+
+
+def hub_error(error: BaseException, repo_id: str, subfolder: str = "", revision: str | None = None) -> BaseException:
+    """The one-line :class:`GatedQwenError` for an error huggingface_hub raised, or ``error`` itself if unknown.
+
+    >>> from huggingface_hub.errors import OfflineModeIsEnabled
+    >>> print(hub_error(OfflineModeIsEnabled("offline"), "owner/name"))
+    owner/name cannot be read: the hub is switched off (HF_HUB_OFFLINE=1) and the files are not in the local cache
+    """
+    from huggingface_hub import constants, errors
+
+    if isinstance(error, GatedQwenError):
+        return error
+    where, reason = source_location(repo_id, subfolder), " ".join(str(error).split())[:200]
+    # fmt: off
+    for matches, message in (  # the first that matches (a GatedRepoError is a RepositoryNotFoundError too)
+        (isinstance(error, errors.OfflineModeIsEnabled), f"{where} cannot be read: the hub is switched off (HF_HUB_OFFLINE=1) and the files are not in the local cache"),
+        (isinstance(error, errors.GatedRepoError), f"{repo_id} is a gated repository: accept its terms on its hub page, then log in (hf auth login)"),
+        (isinstance(error, errors.RepositoryNotFoundError), f"{repo_id} is neither a local folder nor a repository on the hub (or it is private: log in with hf auth login)"),
+        (isinstance(error, errors.RevisionNotFoundError), f"{repo_id} has no revision {revision!r} on the hub"),
+        (isinstance(error, errors.LocalEntryNotFoundError) or _is_connection_error(error), f"{where} cannot be read: the hub ({constants.ENDPOINT}) cannot be reached ({reason}); check the network, or set HF_HUB_OFFLINE=1 to use files already in the local cache"),
+        (isinstance(error, errors.EntryNotFoundError), f"{where} lacks a file it needs ({reason})"),
+    ):
+        if matches:
+            return GatedQwenError(message)
+    # fmt: on
+    return error
+
+
+def _is_connection_error(error: BaseException) -> bool:
+    """A failure to reach a server: socket errors, and the HTTP library's transport errors (httpx or httpx2)."""
+    if isinstance(error, (ConnectionError, TimeoutError)) or (isinstance(error, OSError) and error.errno is not None):
+        return True
+    return any(cls.__name__ in ("TransportError", "ConnectionError", "Timeout") for cls in type(error).__mro__)
 
 
 def read_checkpoint_header(
-    path_or_repo_id: str | os.PathLike,
-    subfolder: str = "",
-    revision: str | None = None,
-    token: str | bool | None = None,
+    path_or_repo_id: str | os.PathLike, subfolder: str = "", revision: str | None = None, token=None
 ) -> CheckpointHeader:
-    """Config and tensor shapes of a local checkpoint folder or a hub repository, without the weights.
-
-    Locally, safetensors headers are read, or a ``pytorch_model.bin``'s pickle without its data. On the
-    hub only config.json, the index and the safetensors headers are fetched (HTTP range reads); of
-    pickle weights only the file sizes can be had without the download.
+    """Config and tensor shapes of a local checkpoint folder or a hub repository, without the weights (on the hub,
+    config.json, the index and safetensors headers by HTTP range reads; of pickle weights only the file sizes).
 
     >>> from gated_qwen.default_models import default_model_path
     >>> models = default_model_path().parent  # headwise/ and baseline/, as the hub repository holds its arms
@@ -47,33 +176,23 @@ def read_checkpoint_header(
     ('safetensors', TensorInfo(shape=(260, 256), dtype='BF16'))
     """
     local = Path(path_or_repo_id) / subfolder
-    if local.is_dir():
-        config_path = local / CONFIG_NAME
-        if not config_path.is_file():
-            raise CheckpointError(f"{local} has no {CONFIG_NAME}; it is not a model checkpoint folder")
-        header = CheckpointHeader(str(local), read_json(config_path, "model config"))
-        files = local_weight_files(local)
-        header.weights_format = weights_format(files)
-        for file in files:
-            header.tensors.update(read_weight_file_header(file))
-            header.files.append(str(file))
-            header.file_sizes[str(file)] = file.stat().st_size
-        return header
-    _check_hub_source(path_or_repo_id, subfolder, revision, token)
-    return _read_hub_header(str(path_or_repo_id), subfolder, revision, token)
+    if not local.is_dir():
+        return _read_hub_header(str(path_or_repo_id), subfolder, revision, token)
+    header = CheckpointHeader(str(local), read_config_json(local))
+    files = local_weight_files(local)
+    header.weights_format = ("safetensors" if files[0].suffix == ".safetensors" else "pytorch") if files else None
+    for file in files:
+        header.tensors.update(read_weight_file_header(file))
+        header.files.append(str(file))
+        header.file_sizes[str(file)] = file.stat().st_size
+    return header
 
 
-def hub_weight_files(
+def _hub_weight_files(
     repo_id: str, subfolder: str = "", revision: str | None = None, token=None
 ) -> tuple[str | None, dict[str, int]]:
-    """The weight format of a hub checkpoint and its weight files with their sizes, from the repository's listing.
-
-    Safetensors where the repository has them, else ``pytorch_model.bin``; an index's shards are
-    read from the index. ``(None, {})`` where there are no weights.
-
-    >>> hub_weight_files("QwQZh/gated_attention", "1B_gate_headwise")  # needs the network  # doctest: +SKIP
-    ('pytorch', {'1B_gate_headwise/pytorch_model.bin': 3443587890})
-    """
+    """The weight format of a hub checkpoint (safetensors where it has them) and its weight files with their
+    sizes, from the repository's listing and its index; ``(None, {})`` where there are no weights."""
     from huggingface_hub import HfApi, hf_hub_download
 
     prefix = f"{subfolder.strip('/')}/" if subfolder else ""
@@ -84,9 +203,7 @@ def hub_weight_files(
     }
     for format_name, (index_name, single_name) in WEIGHT_FILES.items():
         if prefix + index_name in listed:
-            index = Path(
-                hf_hub_download(repo_id, index_name, subfolder=subfolder or None, revision=revision, token=token)
-            )
+            index = hf_hub_download(repo_id, index_name, subfolder=subfolder or None, revision=revision, token=token)
             names = dict.fromkeys(read_json(index, "weights index").get("weight_map", {}).values())
             if any(prefix + name not in listed for name in names):
                 raise CheckpointError(f"{source_location(repo_id, subfolder)}: {index_name} names a shard it lacks")
@@ -99,56 +216,43 @@ def hub_weight_files(
 
 
 def _read_hub_header(repo_id: str, subfolder: str, revision: str | None, token) -> CheckpointHeader:
-    from huggingface_hub import HfApi, hf_hub_download
-    from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import HfHubHTTPError
 
-    where = source_location(repo_id, subfolder)
+    header = CheckpointHeader(
+        source_location(repo_id, subfolder), read_config_json(repo_id, subfolder, revision, token)
+    )
     try:
-        try:
-            config_path = hf_hub_download(
-                repo_id, CONFIG_NAME, subfolder=subfolder or None, revision=revision, token=token
-            )
-        except EntryNotFoundError as error:
-            raise CheckpointError(f"{where} has no {CONFIG_NAME}; it is not a model checkpoint") from error
-        header = CheckpointHeader(where, read_json(config_path, "model config"))
-        header.weights_format, header.file_sizes = hub_weight_files(repo_id, subfolder, revision, token)
+        header.weights_format, header.file_sizes = _hub_weight_files(repo_id, subfolder, revision, token)
         header.files = list(header.file_sizes)
         if header.weights_format == "safetensors":  # headers by HTTP range reads; a pickle's need the whole file
-            api = HfApi(token=token)
             for filename in header.files:
-                metadata = api.parse_safetensors_file_metadata(repo_id, filename, revision=revision)
+                metadata = HfApi(token=token).parse_safetensors_file_metadata(repo_id, filename, revision=revision)
                 header.tensors.update({k: TensorInfo(tuple(v.shape), v.dtype) for k, v in metadata.tensors.items()})
-        return header
-    except CheckpointError:
-        raise
     except (HfHubHTTPError, OSError) as error:
-        raise CheckpointError(
-            f"could not read {where} from the hub ({error}); check the id, or the network"
-        ) from error
+        raise _hub_failure(repo_id, error, "read") from error
+    return header
 
 
-def _check_hub_source(src, subfolder: str, revision: str | None, token: str | bool | None = None) -> None:
-    """Refuse, in one line and at once, a ``src`` that is not a local folder and cannot be a usable hub id:
-    a file, a path, or (:func:`gated_qwen.checkpoint.hub.resolve_source`) offline, no network, an unknown repository."""
-    if Path(src).expanduser().exists() or looks_like_path(str(src)):
+def _check_hub_source(src, subfolder: str, revision: str | None, token=None) -> None:
+    """Refuse at once a ``src`` that is not a local folder and cannot be a usable hub id (a file, a path, or what
+    :func:`resolve_source` refuses: offline, no network, an unknown repository)."""
+    if Path(src).expanduser().exists() or _looks_like_path(str(src)):
         raise CheckpointError(f"{src} is not a folder; give a checkpoint folder or a hub id like owner/name")
     resolve_source(str(src), subfolder, revision, token)
 
 
 def _hub_failure(src, error: BaseException, doing: str) -> CheckpointError:
-    """The one line for a hub request that failed after :func:`gated_qwen.checkpoint.hub.resolve_source` found the source."""
-    reason = " ".join(str(error).split())
+    """The one line for a hub request that failed once :func:`_check_hub_source` had passed."""
     return CheckpointError(
-        f"{src} is not a local folder and could not be {doing} from the hub ({reason}); "
+        f"{src} is not a local folder and could not be {doing} from the hub ({' '.join(str(error).split())}); "
         "check the path or hub id, the revision, or the network"
     )
 
 
-def read_config_json(src: str | os.PathLike, subfolder: str = "", revision: str | None = None) -> dict:
-    """A checkpoint's config.json as a dict, from a local folder or, downloading that file alone, the hub.
-
-    Commands that can refuse a checkpoint from its config alone read it first, so that a refusal costs
-    no weight download.
+def read_config_json(src: str | os.PathLike, subfolder: str = "", revision: str | None = None, token=None) -> dict:
+    """A checkpoint's config.json as a dict, from a local folder or, downloading that file alone, the hub: a
+    command that can refuse a checkpoint from its config alone costs no weight download.
 
     >>> from gated_qwen.default_models import default_model_path
     >>> models = default_model_path().parent  # headwise/ and baseline/, as the hub repository holds its arms
@@ -161,78 +265,66 @@ def read_config_json(src: str | os.PathLike, subfolder: str = "", revision: str 
         if not path.is_file():
             raise CheckpointError(f"{path.parent} has no config.json; it is not a model checkpoint folder")
         return read_json(path, "model config")
-    _check_hub_source(src, subfolder, revision)
+    _check_hub_source(src, subfolder, revision, token)
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, LocalEntryNotFoundError
 
     try:
-        return read_json(
-            hf_hub_download(str(src), CONFIG_NAME, subfolder=subfolder or None, revision=revision), "model config"
-        )
+        path = hf_hub_download(str(src), CONFIG_NAME, subfolder=subfolder or None, revision=revision, token=token)
     except EntryNotFoundError as error:
         raise CheckpointError(
             f"{source_location(str(src), subfolder)} has no config.json; it is not a model checkpoint"
         ) from error
     except (HfHubHTTPError, LocalEntryNotFoundError, OSError, ValueError) as error:
         raise _hub_failure(src, error, "read") from error
+    return read_json(path, "model config")
 
 
-def checkpoint_folder(src: str | os.PathLike, subfolder: str = "", revision: str | None = None) -> Path:
-    """The local folder holding a checkpoint: ``src/subfolder``, or a hub snapshot of only the files needed.
-
-    From the hub come config.json, one weight format (safetensors where the repository has them, else
-    ``pytorch_model.bin``), the tokenizer and generation config (:data:`AUXILIARY_FILES`); never Python files.
-
-    >>> from gated_qwen.default_models import default_model_path
-    >>> models = default_model_path().parent  # headwise/ and baseline/, as the hub repository holds its arms
-    >>> checkpoint_folder(models, "headwise") == models / "headwise"  # a local folder is used where it lies
-    True
-    """
+def _checkpoint_folder(src: str | os.PathLike, subfolder: str = "", revision: str | None = None) -> Path:
+    """The local folder holding a checkpoint: ``src/subfolder``, or a hub snapshot of only the files needed
+    (config.json, one weight format, :data:`AUXILIARY_FILES`; never Python files)."""
     local = Path(src).expanduser()
     if local.is_dir():
-        folder = local / subfolder
-        if not folder.is_dir():
+        if not (local / subfolder).is_dir():
             raise GatedQwenError(f"{local} has no subfolder {subfolder!r}")
-        return folder
+        return local / subfolder
     _check_hub_source(src, subfolder, revision)
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
     prefix = f"{subfolder.strip('/')}/" if subfolder else ""
     try:
-        format_name, _ = hub_weight_files(str(src), subfolder, revision)
-        patterns = [CONFIG_NAME, *AUXILIARY_FILES, "additional_chat_templates/*"]
-        patterns += list(WEIGHT_PATTERNS[format_name]) if format_name else []
+        format_name, _ = _hub_weight_files(str(src), subfolder, revision)
+        patterns = [
+            CONFIG_NAME,
+            *AUXILIARY_FILES,
+            "additional_chat_templates/*",
+            *WEIGHT_PATTERNS.get(format_name, ()),
+        ]
         snapshot = snapshot_download(str(src), revision=revision, allow_patterns=[prefix + p for p in patterns])
     except (HfHubHTTPError, LocalEntryNotFoundError, OSError, ValueError) as error:
         raise _hub_failure(src, error, "downloaded") from error
-    folder = Path(snapshot) / subfolder
-    if not (folder / CONFIG_NAME).is_file():
+    if not (Path(snapshot) / subfolder / CONFIG_NAME).is_file():
         raise CheckpointError(
             f"{source_location(str(src), subfolder)} has no {CONFIG_NAME}; it is not a model checkpoint"
         )
-    return folder
+    return Path(snapshot) / subfolder
 
 
 def read_source_checkpoint(
     src: str | os.PathLike, subfolder: str, revision: str | None, dst: Path, output: str
 ) -> CheckpointHeader:
-    """The header of the checkpoint a command reads to write the folder ``dst`` (``output`` names what it writes).
+    """The header of the checkpoint a command reads to write the folder ``dst`` (``output`` names what it writes),
+    from :func:`_checkpoint_folder`; a source and DST inside one another, or a source without weights, are refused.
 
-    The source is :func:`checkpoint_folder`'s (a hub snapshot of only the files needed); a source and DST
-    that lie inside one another, and a source without weights, are refused before anything is written.
-
-    >>> import tempfile
-    >>> import gated_qwen
-    >>> arm = Path(gated_qwen.__file__).parent / "default_models" / "headwise"  # the embedded 4.2M model
-    >>> read_source_checkpoint(str(arm), "", None, Path(tempfile.mkdtemp()) / "out", "export").weights_format
-    'safetensors'
+    >>> from gated_qwen.default_models import default_model_path
+    >>> arm = default_model_path("headwise")
     >>> read_source_checkpoint(str(arm), "", None, arm / "out", "export")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
     gated_qwen.errors.GatedQwenError: .../headwise/out and the source .../headwise overlap; write the export elsewhere
     """
-    folder = checkpoint_folder(src, subfolder, revision)
+    folder = _checkpoint_folder(src, subfolder, revision)
     for inside, outside in ((dst, folder), (folder, dst)):
         if inside.resolve().is_relative_to(outside.resolve()):
             raise GatedQwenError(f"{dst} and the source {folder} overlap; write the {output} elsewhere")

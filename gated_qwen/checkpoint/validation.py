@@ -1,23 +1,7 @@
-"""Whether a checkpoint's weights are the ones its config describes.
-
-The rules every way of reading a checkpoint applies (strict ``from_pretrained``
-(:mod:`~gated_qwen.checkpoint.loading`), ``inspect``, ``convert``, ``export``, the vLLM plugin):
-
-- :func:`check_weights_match_config`, from the weight headers alone, before anything is built: every
-  tensor's shape is the one the config implies, the checkpoint holds the config's number of layers, and no
-  decoder tensor lacks a place in the config (biases, QK-norm). It includes q_proj's gate-row rule
-  (:func:`check_q_proj_layout`);
-- :func:`check_loaded_weights`, after transformers has loaded: no part of the decoder missing, nothing the
-  config has no place for, and a causal-LM checkpoint carries its language-model head.
-
-Bounded work: the header check loops over the tensors the checkpoint holds, never over what the config
-claims (a config saying 20,000 layers or a vocabulary of 500,000,000 costs nothing more to refuse).
-
-What the tensors should be is the model's own answer: the decoder of the config's family (Qwen3Gated, or the
-gated Qwen3-MoE with its router and experts, stored one tensor per expert as ``save_pretrained`` writes them or
-fused as transformers 5 holds them) built on the meta device with the layers the checkpoint holds
-(:func:`skeleton_tensors`, :class:`ConfigTensors`). Which config values a message names are the ones whose change
-moves the size or the tensor, found the same way.
+"""Whether a checkpoint's weights are the ones its config describes, the rules of strict ``from_pretrained``,
+``inspect``, ``convert``, ``export`` and the vLLM plugin: from the headers before anything is built
+(:func:`check_weights_match_config`; what the tensors should be is the config's decoder built on the meta device
+with the layers the checkpoint holds), and from transformers' load report (:func:`check_loaded_weights`).
 """
 
 from __future__ import annotations
@@ -26,7 +10,7 @@ import re
 from collections.abc import Collection, Mapping
 
 from ..errors import CheckpointError, WeightShapeMismatchError
-from ..models.layout import gate_type_for_rows, q_proj_rows
+from ..models.layout import gate_type_for_rows
 from .formats import TensorInfo
 
 
@@ -43,25 +27,12 @@ SIZE_KEYS = (
 PRESENCE_KEYS = ("qkv_bias", "use_qk_norm", "sandwich_norm")
 
 
-def split_layer_name(name: str) -> tuple[int | None, str]:
-    """``(layer index, name inside the layer)`` of a decoder-layer tensor, else ``(None, name without "model.")``.
-
-    >>> split_layer_name("model.layers.12.mlp.up_proj.weight"), split_layer_name("model.norm.weight")
-    ((12, 'mlp.up_proj.weight'), (None, 'norm.weight'))
-    """
+def _split_layer_name(name: str) -> tuple[int | None, str]:
+    """``(layer index, name inside the layer)`` of a decoder-layer tensor, else ``(None, name without "model.")``."""
     match = _LAYER.match(name)
     if match:
         return int(match.group(1)), match.group(2)
     return None, name.removeprefix("model.")
-
-
-def q_proj_gate_type(config) -> str:
-    """The gate type whose logits are rows of q_proj: the config's in the released layout, else ``"none"``."""
-    return config.gate_type if getattr(config, "gate_in_q_proj", True) else "none"
-
-
-def _has_own_gate(config) -> bool:  # a gate outside q_proj, with its projection g_proj (or its own scores)
-    return config.gate_type != "none" and not getattr(config, "gate_in_q_proj", True)
 
 
 def _gate_says(config) -> str:
@@ -72,10 +43,8 @@ def _gate_says(config) -> str:
 
 
 def skeleton_tensors(config, layers: int, **changes) -> dict[str, tuple[int, ...]]:
-    """Names and shapes of the tensors of ``config``'s decoder (names inside it: ``layers.0.mlp.up_proj.weight``)
-    with its first ``layers`` layers, from the model built on the meta device: nothing is allocated, and the
-    work grows with ``layers`` (the caller's count of the layers a checkpoint holds), never the config's sizes.
-    ``changes`` are config values to build it with instead.
+    """Names and shapes of the tensors of ``config``'s decoder (``layers.0.mlp.up_proj.weight``, ...) with its first
+    ``layers`` layers (and ``changes`` to the config), built on the meta device: nothing is allocated.
 
     >>> from gated_qwen import Qwen3GatedConfig
     >>> config = Qwen3GatedConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=20000,
@@ -100,12 +69,10 @@ def skeleton_tensors(config, layers: int, **changes) -> dict[str, tuple[int, ...
 
 
 def expected_shape(skeleton: Mapping[str, tuple[int, ...]], name: str) -> tuple[int, ...] | str | None:
-    """The shape ``skeleton`` (:func:`skeleton_tensors`) gives the checkpoint tensor ``name``; None outside the
-    decoder and ``lm_head`` (a task head, left to transformers); a str (what leaves it out, or "") where the
-    config has no place for it. An MoE's experts, stored one tensor per expert as ``save_pretrained`` writes
-    them, are slices of the model's fused ``mlp.experts.gate_up_proj`` (each expert's gate rows, then its up
-    rows) and ``mlp.experts.down_proj``."""
-    layer, local = split_layer_name(name)
+    """The shape ``skeleton`` gives the checkpoint tensor ``name``: None outside the decoder and ``lm_head``; a str
+    (what leaves it out, or "") where the config has no place for it. Experts stored one tensor per expert are
+    slices of the fused ``mlp.experts.gate_up_proj`` (gate rows, then up rows) and ``mlp.experts.down_proj``."""
+    layer, local = _split_layer_name(name)
     if layer is None:
         return skeleton["embed_tokens.weight"] if name == "lm_head.weight" else skeleton.get(local)
     key = f"layers.{layer}.{local}"
@@ -159,7 +126,7 @@ class ConfigTensors:
 
     def presence_says(self, name: str) -> str:
         """The config values that put ``name`` there or leave it out: ``"use_qk_norm False"``; "" where none does."""
-        layer, local = split_layer_name(name)
+        layer, local = _split_layer_name(name)
         if local.startswith(("self_attn.g_proj.", "self_attn.gate_logits")):
             return _gate_says(self.config)
         if local.startswith(("mlp.experts.", "mlp.gate.")) and getattr(self.config, "num_experts", 0):
@@ -190,10 +157,6 @@ class ConfigTensors:
         return names
 
 
-def _shown(shape) -> str:
-    return "(" + ", ".join(map(str, shape)) + (",)" if len(shape) == 1 else ")")
-
-
 # Each quantizer's safetensors layout, as its save_pretrained writes it. torchao (transformers'
 # TorchAoHfQuantizer.serialized_names): "<module>.weight" stored as its tensor subclass's parts,
 # "<module>._weight_qdata", "<module>._weight_scale", ... bitsandbytes 4-bit: "<module>.weight" packed
@@ -209,12 +172,8 @@ _QUANTIZER_EXTRA = re.compile(r"^(.+)\.(?:SCB|weight_format)$")
 
 
 def quantized_parameters(tensors: Mapping[str, TensorInfo]) -> tuple[dict[str, TensorInfo], set[str]]:
-    """The tensors under the model's parameter names, and the names whose stored shape a quantizer owns.
-
-    A quantized parameter's parts (torchao, bitsandbytes 4-bit) become the one parameter, so that what the
-    checkpoint holds is checked as for any other; its entry is one part's header, whose shape is the
-    quantizer's (packed formats store another shape than the weight's): check it on the loaded model
-    (:func:`loaded_shapes`). bitsandbytes 8-bit stores the weight in its own shape: only its scales go.
+    """The tensors under the model's parameter names (a quantized weight's parts as the one weight), and the names
+    whose stored shape a quantizer owns, to check on the loaded model (:func:`loaded_shapes`).
 
     >>> qdata, scale = TensorInfo((36, 32), "I8"), TensorInfo((36, 1), "F32")  # int8 weight, one scale per row
     >>> quantized_parameters({"q_proj._weight_qdata": qdata, "q_proj._weight_scale": scale})
@@ -236,9 +195,8 @@ def quantized_parameters(tensors: Mapping[str, TensorInfo]) -> tuple[dict[str, T
 
 
 def loaded_shapes(model, tensors: Mapping[str, TensorInfo], names: set[str]) -> dict[str, TensorInfo]:
-    """``tensors`` with the shapes of ``names`` taken from the loaded ``model``: a quantized weight reports the
-    shape of the weight it stands for, whatever its storage (a torchao tensor subclass its own shape, a
-    bitsandbytes 4-bit weight its quant state's).
+    """``tensors`` with the shapes of ``names`` taken from the loaded ``model``: those of the weights they stand for
+    (a torchao tensor subclass's own shape, a bitsandbytes 4-bit weight's quant state's).
 
     >>> from gated_qwen import Qwen3GatedConfig, Qwen3GatedForCausalLM
     >>> config = Qwen3GatedConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -262,39 +220,26 @@ def loaded_shapes(model, tensors: Mapping[str, TensorInfo], names: set[str]) -> 
 def weight_disagreements(
     config, tensors: Mapping[str, TensorInfo], sizes: bool = True, unchecked: Collection[str] = ()
 ) -> list[str]:
-    """Each way the tensors disagree with ``config``, worst first, one sentence each ([] when they agree).
+    """Each way the tensors disagree with ``config``, worst first, one sentence each ([] when they agree): shapes
+    (``sizes=False``: only the gates', never silently re-initialised; none of ``unchecked``, a quantizer's), the
+    layer count, decoder tensors missing or without a place. Task heads other than ``lm_head`` are transformers'.
 
-    Compares every tensor's shape with what the config implies (``sizes=False``: only q_proj's, the gate
-    rows that must never be silently re-initialised), refuses decoder tensors the config has no place for,
-    and layers beyond or short of ``num_hidden_layers``. Tensors outside the decoder and ``lm_head`` (task
-    heads) are left to transformers. The shapes of ``unchecked`` (a quantizer's tensors, whose stored shape
-    is not the weight's) are not compared; that they are there is. Loops over ``tensors`` only.
-
-    >>> from pathlib import Path
-    >>> import gated_qwen
     >>> from gated_qwen import Qwen3GatedConfig
     >>> from gated_qwen.checkpoint import read_checkpoint_header
-    >>> arm = Path(gated_qwen.__file__).parent / "default_models" / "headwise"  # the embedded 4.2M model
+    >>> from gated_qwen.default_models import default_model_path
+    >>> arm = default_model_path("headwise")
     >>> config, tensors = Qwen3GatedConfig.from_pretrained(arm), read_checkpoint_header(arm).tensors
-    >>> weight_disagreements(config, tensors)
-    []
     >>> config.vocab_size = 500
     >>> weight_disagreements(config, tensors)
     ['config.json says vocab_size 500, but model.embed_tokens.weight is (4096, 256), not (500, 256)']
     """
-    layers: dict[int, str] = {}
-    held: dict[int, set[str]] = {}  # layer -> the names inside it that the checkpoint holds
-    for name in tensors:
-        layer, local = split_layer_name(name)
-        if layer is not None:
-            layers.setdefault(layer, name.removesuffix(local).rstrip("."))
-            held.setdefault(layer, set()).add(local)
+    layers, held = _layers_held(tensors)
     # The layers built: those the checkpoint holds (one at least), within the config's count, never that count alone.
     expected = ConfigTensors(config, max(1, min(config.num_hidden_layers, max(layers, default=0) + 1)))
     problems: list[tuple[tuple, str]] = []
     no_place: dict[str, list[str]] = {}
     for name, info in tensors.items():
-        layer, local = split_layer_name(name)
+        layer, local = _split_layer_name(name)
         if layer is not None and layer >= config.num_hidden_layers:
             continue  # reported once, as the layer count, below
         shape = expected.shape(name)
@@ -304,7 +249,7 @@ def weight_disagreements(
             no_place.setdefault(shape or expected.presence_says(name), []).append(name)
         elif shape is not None and name not in unchecked and tuple(info.shape) != shape:
             if local == "self_attn.q_proj.weight" and len(info.shape) == 2:
-                problems.append((order, _q_proj_sentence(config, name, tuple(info.shape))))
+                problems.append((order, _q_proj_sentence(config, name, tuple(info.shape), shape)))
             elif sizes or local.startswith(("self_attn.q_proj.", "self_attn.g_proj.", "self_attn.gate_logits")):
                 # gates never re-initialised
                 problems.append((order, _size_sentence(expected, name, tuple(info.shape), shape)))
@@ -318,25 +263,39 @@ def weight_disagreements(
                     f"{layers[layer]}.{local}"
                 )
     for says, names in lacking.items():
-        shown = ", ".join(sorted(names)[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
         sentences.append(
             (f"config.json says {says}, but " if says else "")
-            + f"the checkpoint lacks weights the model needs: {shown}"
+            + f"the checkpoint lacks weights the model needs: {_listed(sorted(names), 4)}"
         )
     for says, names in no_place.items():
-        names = sorted(names, key=lambda n: (split_layer_name(n)[0] or 0, n))
-        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        names = sorted(names, key=lambda n: (_split_layer_name(n)[0] or 0, n))
         sentences.append(
             (f"config.json says {says}, but the checkpoint has " if says else "the checkpoint has ")
-            + f"{shown}, which the config has no place for"
+            + f"{_listed(names, 3)}, which the config has no place for"
         )
     return sentences
+
+
+def _listed(names: list[str], at_most: int) -> str:
+    return ", ".join(names[:at_most]) + (f" and {len(names) - at_most} more" if len(names) > at_most else "")
 
 
 def _size_sentence(expected: ConfigTensors, name: str, found: tuple[int, ...], shape: tuple[int, ...]) -> str:
     wrong = [expected.size_says(name, i) for i in range(len(shape)) if i >= len(found) or found[i] != shape[i]]
     says = " and ".join(dict.fromkeys(s for s in wrong if s)) or f"{len(shape)} dimensions"
-    return f"config.json says {says}, but {name} is {_shown(found)}, not {_shown(shape)}"
+    return f"config.json says {says}, but {name} is {found}, not {shape}"
+
+
+def _layers_held(tensors: Mapping[str, TensorInfo]) -> tuple[dict[int, str], dict[int, set[str]]]:
+    """Each decoder layer the checkpoint holds: its prefix (``model.layers.3``), and the names inside it."""
+    layers: dict[int, str] = {}
+    held: dict[int, set[str]] = {}
+    for name in tensors:
+        layer, local = _split_layer_name(name)
+        if layer is not None:
+            layers.setdefault(layer, name.removesuffix(local).rstrip("."))
+            held.setdefault(layer, set()).add(local)
+    return layers, held
 
 
 def _layer_count_sentences(num_hidden_layers: int, layers: dict[int, str]) -> list[str]:
@@ -361,34 +320,26 @@ def _layer_count_sentences(num_hidden_layers: int, layers: dict[int, str]) -> li
 def check_layer_count(
     num_hidden_layers: int, tensors: Mapping[str, TensorInfo], source: str = "the checkpoint", advice: str = ""
 ) -> None:
-    """:func:`check_weights_match_config`'s layer-count rule alone, from a config.json's number: run before
-    the config object is built, whose construction grows with ``num_hidden_layers`` (transformers makes and
-    validates a list of per-layer attention types).
+    """:func:`check_weights_match_config`'s layer-count rule alone, run before the config object is built (whose
+    construction grows with ``num_hidden_layers``).
 
     >>> from gated_qwen.default_models import default_model_path
     >>> from gated_qwen.checkpoint import read_checkpoint_header
     >>> folder = default_model_path("headwise")  # the shipped 4-layer model
-    >>> check_layer_count(4, read_checkpoint_header(folder).tensors, str(folder))  # agrees: returns None
     >>> check_layer_count(20000, read_checkpoint_header(folder).tensors, str(folder))  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
     gated_qwen.errors.CheckpointError: ...says num_hidden_layers 20000, but the checkpoint holds 4 layers...
     """
-    layers: dict[int, str] = {}
-    for name in tensors:
-        layer, local = split_layer_name(name)
-        if layer is not None:
-            layers.setdefault(layer, name.removesuffix(local).rstrip("."))
-    _refuse(source, _layer_count_sentences(num_hidden_layers, layers), advice)
+    _refuse(source, _layer_count_sentences(num_hidden_layers, _layers_held(tensors)[0]), advice)
 
 
-def _q_proj_sentence(config, name: str, found: tuple[int, ...]) -> str:
+def _q_proj_sentence(config, name: str, found: tuple[int, ...], expected: tuple[int, ...]) -> str:
     head_dim = config.head_dim
-    expected = (q_proj_rows(q_proj_gate_type(config), config.num_attention_heads, head_dim), config.hidden_size)
     implied = gate_type_for_rows(found[0], config.num_attention_heads, head_dim)
     implied_text = f"that is the shape of a {implied!r} gate" if implied else "no gate type has that many rows"
     # A gate with its own projection (g_proj) leaves q_proj with the query rows alone.
-    own = _has_own_gate(config)
+    own = config.gate_type != "none" and not getattr(config, "gate_in_q_proj", True)
     gate = f"a {config.gate_variant()}, in g_proj" if own else f"gate type {config.gate_type!r}"
     return (
         f"{name} has shape {found} but the config ({gate}, {config.num_attention_heads} heads of dim {head_dim}) "
@@ -404,20 +355,15 @@ def check_weights_match_config(
     advice: str = "",
     unchecked: Collection[str] = (),
 ) -> None:
-    """Refuse, from the headers and before anything is built, weights that ``config`` does not describe.
-
-    Raises one :class:`~gated_qwen.errors.WeightShapeMismatchError` (a :class:`CheckpointError` and, as transformers'
-    own size mismatch, a :class:`RuntimeError`) with the first disagreement of :func:`weight_disagreements`
-    (``"config.json says vocab_size 500000000, but model.embed_tokens.weight is (160, 64), not (500000000, 64)"``),
-    how many more there are, and what to do; ``advice`` is added to the last (say, ``strict=False``).
-    ``unchecked``: names whose shapes are not compared (see :func:`weight_disagreements`).
+    """Refuse, from the headers and before anything is built, weights that ``config`` does not describe: one
+    :class:`~gated_qwen.errors.WeightShapeMismatchError` with the first of :func:`weight_disagreements`, how many
+    more there are, and what to do (``advice`` added to it).
 
     >>> from gated_qwen import Qwen3GatedConfig
     >>> from gated_qwen.default_models import default_model_path
     >>> from gated_qwen.checkpoint import read_checkpoint_header
     >>> folder = default_model_path("headwise")
     >>> config, tensors = Qwen3GatedConfig.from_pretrained(folder), read_checkpoint_header(folder).tensors
-    >>> check_weights_match_config(config, tensors, str(folder))  # agrees: returns None
     >>> config.vocab_size = 500000000
     >>> check_weights_match_config(config, tensors, str(folder))  # doctest: +ELLIPSIS
     Traceback (most recent call last):
@@ -438,58 +384,10 @@ def _refuse(source: str, sentences: list[str], advice: str, error: type[Checkpoi
         )
 
 
-def check_q_proj_layout(config, tensors: Mapping[str, TensorInfo], source: str = "the checkpoint") -> None:
-    """Refuse a checkpoint whose q_proj rows do not match ``config``'s gate type (q_proj's rule alone).
-
-    Raises :class:`CheckpointError` naming the layer, the expected and found shapes, and the gate type
-    the found shape implies, so that gate rows are never silently dropped or initialised at random.
-    :func:`check_weights_match_config` applies this rule among the others.
-
-    >>> from gated_qwen import Qwen3GatedConfig
-    >>> from gated_qwen.default_models import default_model_path
-    >>> from gated_qwen.checkpoint import read_checkpoint_header
-    >>> config = Qwen3GatedConfig.from_pretrained(default_model_path("headwise"))
-    >>> check_q_proj_layout(config, read_checkpoint_header(default_model_path("headwise")).tensors)  # returns None
-    >>> tensors = read_checkpoint_header(default_model_path("baseline")).tensors  # the same model without gate rows
-    >>> check_q_proj_layout(config, tensors)  # doctest: +ELLIPSIS
-    Traceback (most recent call last):
-    ...
-    gated_qwen.errors.CheckpointError: ...(256, 256) but ... expects (260, 256); that is the shape of a 'none' gate...
-    """
-    for name, info in tensors.items():
-        layer, local = split_layer_name(name)
-        if layer is None or layer >= config.num_hidden_layers or local != "self_attn.q_proj.weight":
-            continue
-        found = tuple(info.shape)
-        if len(found) != 2 or found != (
-            q_proj_rows(q_proj_gate_type(config), config.num_attention_heads, config.head_dim),
-            config.hidden_size,
-        ):
-            raise CheckpointError(
-                f"{source}: {_q_proj_sentence(config, name, found)}. Use the config.json that came with these weights."
-            )
-
-
-def required_head_keys(model) -> set[str]:
-    """The head weights a checkpoint of ``model``'s own class must hold: its language-model head (transformers'
-    ``get_output_embeddings``), if it has one. A classifier's ``score`` is not among them: a fresh one is normal.
-
-    >>> from gated_qwen import Qwen3GatedConfig, Qwen3GatedForCausalLM, Qwen3GatedModel
-    >>> config = Qwen3GatedConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-    ...                           num_attention_heads=4, num_key_value_heads=2, head_dim=8, gate_type="headwise")
-    >>> required_head_keys(Qwen3GatedForCausalLM(config)), required_head_keys(Qwen3GatedModel(config))
-    ({'lm_head.weight'}, set())
-    """
-    head = model.get_output_embeddings()
-    return {f"{name}.weight" for name, module in model.named_children() if head is not None and module is head}
-
-
 def check_loaded_weights(model, loading_info: dict, checkpoint_keys: set[str] | None, source: str) -> None:
-    """Refuse a load whose missing or unexpected weights show that the config does not describe the checkpoint.
-
-    ``loading_info`` is ``from_pretrained``'s (``output_loading_info=True``); ``checkpoint_keys`` the weight
-    names in the checkpoint (None when unknown). The rule is strict ``from_pretrained``'s
-    (:func:`gated_qwen.checkpoint.loading.strict_from_pretrained`).
+    """Refuse a load (``loading_info``: ``from_pretrained``'s) whose missing or unexpected weights show that the config
+    does not describe the checkpoint (its weight names ``checkpoint_keys``, None if unknown): part of the decoder
+    missing or without a place, or a checkpoint of the model's own class without its language-model head.
 
     >>> from gated_qwen import Qwen3GatedForCausalLM
     >>> from gated_qwen.checkpoint.formats import read_weight_file_header
@@ -497,7 +395,6 @@ def check_loaded_weights(model, loading_info: dict, checkpoint_keys: set[str] | 
     >>> folder = default_model_path("headwise")
     >>> model, info = Qwen3GatedForCausalLM.from_pretrained(folder, strict=False, output_loading_info=True)
     >>> keys = set(read_weight_file_header(folder / "model.safetensors"))
-    >>> check_loaded_weights(model, info, keys, str(folder))  # nothing missing or left over: returns None
     >>> info["missing_keys"] = {"model.layers.0.self_attn.q_norm.weight"}  # as if layer 0 lacked it
     >>> check_loaded_weights(model, info, keys, str(folder))  # doctest: +ELLIPSIS
     Traceback (most recent call last):
@@ -527,29 +424,15 @@ def check_loaded_weights(model, loading_info: dict, checkpoint_keys: set[str] | 
         bool(prefix) and checkpoint_keys is not None and any(k.startswith(prefix) for k in checkpoint_keys)
     )
     other_heads = [key for key in unexpected if not in_decoder(key)]
-    missing_heads = sorted(missing & required_head_keys(model))
+    head = model.get_output_embeddings()
+    missing_heads = sorted(
+        missing & {f"{n}.weight" for n, m in model.named_children() if head is not None and m is head}
+    )
     if head_checkpoint and not other_heads and missing_heads:
         problems.append(("lacks weights the model needs", missing_heads))
     for what, keys in problems:
-        shown = ", ".join(keys[:4]) + (f" and {len(keys) - 4} more" if len(keys) > 4 else "")
         raise CheckpointError(
-            f"{source} {what}: {shown}. The config does not describe these weights (check use_qk_norm, qkv_bias, "
+            f"{source} {what}: {_listed(keys, 4)}. The config does not describe these weights (check use_qk_norm, qkv_bias, "
             "tie_word_embeddings, num_hidden_layers against the checkpoint), or pass strict=False to load it as "
             "transformers would."
         )
-
-
-__all__ = [
-    "ConfigTensors",
-    "check_layer_count",
-    "check_loaded_weights",
-    "check_q_proj_layout",
-    "check_weights_match_config",
-    "expected_shape",
-    "loaded_shapes",
-    "quantized_parameters",
-    "required_head_keys",
-    "skeleton_tensors",
-    "split_layer_name",
-    "weight_disagreements",
-]

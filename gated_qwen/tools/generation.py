@@ -30,7 +30,7 @@ from transformers.utils import logging
 
 from ..checkpoint import read_config_json
 from ..checkpoint.formats import present_files
-from ..checkpoint.hub import hub_error, resolve_source, source_location
+from ..checkpoint.sources import hub_error, resolve_source, source_location
 from ..errors import GatedQwenError
 from ..models.auto import causal_lm_class
 from ..models.qwen3_gated.modeling_qwen3_gated import Qwen3GatedForCausalLM
@@ -48,7 +48,7 @@ def local_checkpoint_folder(model: str, subfolder: str = "", revision: str | Non
     """The local folder of ``model`` (checked to hold a config.json), or None for a readable hub repository.
 
     Every problem with the source (no such folder, a file, no network, an unknown repository, offline
-    without a cached copy) is one :class:`GatedQwenError` from :func:`gated_qwen.checkpoint.hub.resolve_source`.
+    without a cached copy) is one :class:`GatedQwenError` from :func:`gated_qwen.checkpoint.sources.resolve_source`.
 
     >>> from gated_qwen.default_models import default_model_path
     >>> local_checkpoint_folder(str(default_model_path("headwise"))) == default_model_path("headwise")

@@ -10,14 +10,13 @@ from safetensors.torch import save_file
 from gated_qwen.checkpoint import (
     CheckpointTensors,
     TensorInfo,
-    check_q_proj_layout,
+    check_weights_match_config,
     load_pickle_weights,
     local_weight_files,
     read_checkpoint_header,
     resolve_weight_files,
     write_safetensors_checkpoint,
 )
-from gated_qwen.checkpoint.formats import read_local_safetensors_offsets
 from gated_qwen.errors import CheckpointError
 
 
@@ -178,17 +177,17 @@ def test_offsets_locate_each_tensors_bytes(tmp_path):
     path = tmp_path / "model.safetensors"
     save_file(tensors, str(path), metadata={"format": "pt"})
     data = path.read_bytes()
-    offsets = read_local_safetensors_offsets(path)
-    assert offsets.keys() == tensors.keys()
+    stored = CheckpointTensors([path])
+    assert stored.infos.keys() == tensors.keys()
     for name, tensor in tensors.items():
-        start, end = offsets[name]
+        start, end = stored.stored(name).start, stored.stored(name).end
         assert data[start:end] == tensor.view(-1).view(torch.uint8).numpy().tobytes(), name
     path.write_bytes(data[:-4])  # the last tensor's bytes cut short
     with pytest.raises(CheckpointError, match="corrupt or truncated"):
-        read_local_safetensors_offsets(path)
+        CheckpointTensors([path])
     path.write_bytes(b"\x04\x00\x00\x00\x00\x00\x00\x00{no}")
     with pytest.raises(CheckpointError, match="corrupt or truncated"):
-        read_local_safetensors_offsets(path)
+        CheckpointTensors([path])
 
 
 def test_missing_folder_and_missing_config(tmp_path):
@@ -202,8 +201,8 @@ def test_layout_check_names_layer_shapes_and_implied_gate(released_checkpoint):
     """On the released layout: the shapes come from the .bin's pickle, the config says model_type qwen2."""
     folder, _ = released_checkpoint(gate="elementwise")
     tensors = read_checkpoint_header(folder).tensors
-    check_q_proj_layout(tiny_config(gate="elementwise"), tensors)
+    check_weights_match_config(tiny_config(gate="elementwise"), tensors)
     with pytest.raises(
         CheckpointError, match=r"q_proj.weight has shape \(64, 32\).*expects \(36, 32\).*'elementwise' gate"
     ):
-        check_q_proj_layout(tiny_config(gate="headwise"), tensors)
+        check_weights_match_config(tiny_config(gate="headwise"), tensors)

@@ -1,4 +1,4 @@
-"""gated_qwen.checkpoint.hub: one clear message, at once, for every way a model source can be wrong."""
+"""gated_qwen.checkpoint.sources, the hub: one clear message, at once, for every way a model source can be wrong."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import time
 import pytest
 from conftest import write_released_checkpoint
 
-from gated_qwen.checkpoint.hub import _repository_files, resolve_source
+from gated_qwen.checkpoint.sources import _repository_files, resolve_source
 from gated_qwen.cli import main
 from gated_qwen.errors import GatedQwenError
 

@@ -41,12 +41,20 @@ def latest_checkpoint(folder: str | Path) -> Path:
     folder = Path(folder)
     if (folder / "trainer_state.json").is_file() or (folder / RUN_STATE).is_file():
         return folder
-    found = [p.parent for p in folder.glob(f"checkpoint-*/{RUN_STATE}") if p.parent.name.rpartition("-")[2].isdigit()]
+    found = finished_checkpoints(folder)
     if not found:
         raise TrainingError(
             f"{folder} holds no checkpoint (a checkpoint-STEP folder with {RUN_STATE}); nothing to resume"
         )
-    return max(found, key=lambda p: int(p.name.rpartition("-")[2]))
+    return found[-1]
+
+
+def finished_checkpoints(folder: Path) -> list[Path]:
+    """``folder``'s ``checkpoint-STEP`` folders that hold ``run_state.json``, by step: transformers' own order
+    (``trainer_utils.sort_checkpoints``; its ``get_last_checkpoint`` takes the newest, finished or not)."""
+    from transformers.trainer_utils import sort_checkpoints
+
+    return [Path(path) for path in sort_checkpoints(str(folder)) if (Path(path) / RUN_STATE).is_file()]
 
 
 def _first_sentence(error: Exception) -> str:
@@ -87,10 +95,7 @@ def read_checkpoint(checkpoint: str | Path) -> dict:
     from transformers.trainer_pt_utils import safe_globals
 
     checkpoint = Path(checkpoint)
-    earlier = sorted(
-        (p for p in checkpoint.parent.glob("checkpoint-*") if p != checkpoint and (p / RUN_STATE).is_file()),
-        key=lambda p: int(p.name.rpartition("-")[2]) if p.name.rpartition("-")[2].isdigit() else -1,
-    )
+    earlier = [path for path in finished_checkpoints(checkpoint.parent) if path.resolve() != checkpoint.resolve()]
     advice = f"resume from {earlier[-1]} instead" if earlier else "start again with --overwrite"
     for name in CHECKPOINT_FILES:
         if not (checkpoint / name).is_file():
