@@ -12,9 +12,6 @@ import math
 from ...errors import GatedQwenError
 from ...utils.names import (
     CONVERSION_INITS,
-    GATE_ACTIVATIONS,
-    GATE_COMBINATIONS,
-    GATE_POSITIONS,
     GATE_TYPES,
     GATE_VARIANT_CHOICES,
     GATE_VARIANT_DEFAULTS,
@@ -78,6 +75,15 @@ def _option(default=None, help: str = "", group: str = "run", **metadata):
 
 
 _DEFAULT = " (default %(default)s)"
+
+
+def _variant_option(key: str):
+    """The field of a design-space key (``--gate-position``, ``--sandwich-norm``, ...): its default, help and
+    choices from the tables in :mod:`gated_qwen.utils.names`, which convert and bench read too."""
+    default = GATE_VARIANT_DEFAULTS[key]
+    if isinstance(default, bool):
+        return _option(default, help=GATE_VARIANT_HELP[key], group="model")
+    return _option(default, help=GATE_VARIANT_HELP[key] + _DEFAULT, group="model", choices=GATE_VARIANT_CHOICES[key])
 
 
 @dataclasses.dataclass
@@ -158,44 +164,13 @@ class TrainRunArguments:
         group="model",
         choices=GATE_TYPES,
     )
-    gate_position: str = _option(
-        GATE_VARIANT_DEFAULTS["gate_position"],
-        help=GATE_VARIANT_HELP["gate_position"] + _DEFAULT,
-        group="model",
-        choices=GATE_POSITIONS,
-    )
-    gate_shared_across_heads: bool = _option(
-        GATE_VARIANT_DEFAULTS["gate_shared_across_heads"],
-        help=GATE_VARIANT_HELP["gate_shared_across_heads"],
-        group="model",
-    )
-    gate_activation: str = _option(
-        GATE_VARIANT_DEFAULTS["gate_activation"],
-        help=GATE_VARIANT_HELP["gate_activation"] + _DEFAULT,
-        group="model",
-        choices=GATE_ACTIVATIONS,
-    )
-    gate_combination: str = _option(
-        GATE_VARIANT_DEFAULTS["gate_combination"],
-        help=GATE_VARIANT_HELP["gate_combination"] + _DEFAULT,
-        group="model",
-        choices=GATE_COMBINATIONS,
-    )
-    gate_input: str = _option(
-        GATE_VARIANT_DEFAULTS["gate_input"],
-        help=GATE_VARIANT_HELP["gate_input"] + _DEFAULT,
-        group="model",
-        choices=GATE_VARIANT_CHOICES["gate_input"],
-    )
-    attn_output_transform: str = _option(
-        GATE_VARIANT_DEFAULTS["attn_output_transform"],
-        help=GATE_VARIANT_HELP["attn_output_transform"] + _DEFAULT,
-        group="model",
-        choices=GATE_VARIANT_CHOICES["attn_output_transform"],
-    )
-    sandwich_norm: bool = _option(
-        GATE_VARIANT_DEFAULTS["sandwich_norm"], help=GATE_VARIANT_HELP["sandwich_norm"], group="model"
-    )
+    gate_position: str = _variant_option("gate_position")
+    gate_shared_across_heads: bool = _variant_option("gate_shared_across_heads")
+    gate_activation: str = _variant_option("gate_activation")
+    gate_combination: str = _variant_option("gate_combination")
+    gate_input: str = _variant_option("gate_input")
+    attn_output_transform: str = _variant_option("attn_output_transform")
+    sandwich_norm: bool = _variant_option("sandwich_norm")
     tokenizer: str | None = _option(
         help="from scratch: a tokenizer folder to use instead of training one", group="data"
     )
