@@ -18,4 +18,4 @@ from .formats import (
 )
 from .outputs import OutputError, OutputFolder, output_file, scratch_folder, write_text
 from .sources import read_checkpoint_header, read_config_json, read_source_checkpoint
-from .validation import check_layer_count, check_loaded_weights, check_weights_match_config, weight_disagreements
+from .validation import check_layer_count, check_weights_match_config, weight_disagreements
