@@ -175,8 +175,8 @@ def read_checkpoint_header(
     >>> header.weights_format, header.tensors["model.layers.0.self_attn.q_proj.weight"]
     ('safetensors', TensorInfo(shape=(260, 256), dtype='BF16'))
     """
-    local = Path(path_or_repo_id) / subfolder
-    if not local.is_dir():
+    local = resolve_source(str(path_or_repo_id), subfolder, revision, token)
+    if local is None:
         return _read_hub_header(str(path_or_repo_id), subfolder, revision, token)
     header = CheckpointHeader(str(local), read_config_json(local))
     files = local_weight_files(local)
@@ -234,16 +234,8 @@ def _read_hub_header(repo_id: str, subfolder: str, revision: str | None, token) 
     return header
 
 
-def _check_hub_source(src, subfolder: str, revision: str | None, token=None) -> None:
-    """Refuse at once a ``src`` that is not a local folder and cannot be a usable hub id (a file, a path, or what
-    :func:`resolve_source` refuses: offline, no network, an unknown repository)."""
-    if Path(src).expanduser().exists() or _looks_like_path(str(src)):
-        raise CheckpointError(f"{src} is not a folder; give a checkpoint folder or a hub id like owner/name")
-    resolve_source(str(src), subfolder, revision, token)
-
-
 def _hub_failure(src, error: BaseException, doing: str) -> CheckpointError:
-    """The one line for a hub request that failed once :func:`_check_hub_source` had passed."""
+    """The one line for a hub request that failed once :func:`resolve_source` had passed."""
     return CheckpointError(
         f"{src} is not a local folder and could not be {doing} from the hub ({' '.join(str(error).split())}); "
         "check the path or hub id, the revision, or the network"
@@ -259,13 +251,11 @@ def read_config_json(src: str | os.PathLike, subfolder: str = "", revision: str 
     >>> read_config_json(models, "headwise")["model_type"]
     'qwen3_gated'
     """
-    local = Path(src).expanduser()
-    if local.is_dir():
-        path = local / subfolder / CONFIG_NAME
-        if not path.is_file():
-            raise CheckpointError(f"{path.parent} has no config.json; it is not a model checkpoint folder")
-        return read_json(path, "model config")
-    _check_hub_source(src, subfolder, revision, token)
+    local = resolve_source(str(src), subfolder, revision, token)
+    if local is not None:
+        if not (local / CONFIG_NAME).is_file():
+            raise CheckpointError(f"{local} has no config.json; it is not a model checkpoint folder")
+        return read_json(local / CONFIG_NAME, "model config")
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, LocalEntryNotFoundError
 
@@ -283,12 +273,9 @@ def read_config_json(src: str | os.PathLike, subfolder: str = "", revision: str 
 def _checkpoint_folder(src: str | os.PathLike, subfolder: str = "", revision: str | None = None) -> Path:
     """The local folder holding a checkpoint: ``src/subfolder``, or a hub snapshot of only the files needed
     (config.json, one weight format, :data:`AUXILIARY_FILES`; never Python files)."""
-    local = Path(src).expanduser()
-    if local.is_dir():
-        if not (local / subfolder).is_dir():
-            raise GatedQwenError(f"{local} has no subfolder {subfolder!r}")
-        return local / subfolder
-    _check_hub_source(src, subfolder, revision)
+    local = resolve_source(str(src), subfolder, revision)
+    if local is not None:
+        return local
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 

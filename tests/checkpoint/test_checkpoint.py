@@ -17,7 +17,7 @@ from gated_qwen.checkpoint import (
     resolve_weight_files,
     write_safetensors_checkpoint,
 )
-from gated_qwen.errors import CheckpointError
+from gated_qwen.errors import CheckpointError, GatedQwenError
 
 
 @pytest.mark.parametrize("weights", ["bin", "safetensors"])
@@ -191,7 +191,7 @@ def test_offsets_locate_each_tensors_bytes(tmp_path):
 
 
 def test_missing_folder_and_missing_config(tmp_path):
-    with pytest.raises(CheckpointError, match="not a folder"):
+    with pytest.raises(GatedQwenError, match="nothing does not exist: there is no such folder"):
         read_checkpoint_header(tmp_path / "nothing")
     with pytest.raises(CheckpointError, match="no config.json"):
         read_checkpoint_header(tmp_path)
