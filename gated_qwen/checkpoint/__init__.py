@@ -10,7 +10,6 @@ from .formats import (
     CheckpointTensors,
     TensorInfo,
     load_pickle_weights,
-    local_weight_files,
     read_json,
     read_weight_file_header,
     resolve_weight_files,

@@ -340,14 +340,13 @@ def check_layer_count(
 
 
 def _q_proj_sentence(config, name: str, found: tuple[int, ...], expected: tuple[int, ...]) -> str:
-    head_dim = config.head_dim
-    implied = gate_type_for_rows(found[0], config.num_attention_heads, head_dim)
+    implied = gate_type_for_rows(found[0], config.num_attention_heads, config.head_dim)
     implied_text = f"that is the shape of a {implied!r} gate" if implied else "no gate type has that many rows"
     # A gate with its own projection (g_proj) leaves q_proj with the query rows alone.
     own = config.gate_type != "none" and not getattr(config, "gate_in_q_proj", True)
     gate = f"a {config.gate_variant()}, in g_proj" if own else f"gate type {config.gate_type!r}"
     return (
-        f"{name} has shape {found} but the config ({gate}, {config.num_attention_heads} heads of dim {head_dim}) "
+        f"{name} has shape {found} but the config ({gate}, {config.num_attention_heads} heads of dim {config.head_dim}) "
         f"expects {expected}; {implied_text}{' in q_proj' if own else ''}"
     )
 

@@ -424,11 +424,12 @@ def test_hub_source_downloads_only_needed_files(tmp_path, monkeypatch):
     assert all(pattern.startswith("arm/") for pattern in patterns)
     wanted = (
         "arm/config.json",
-        "arm/model-00001-of-00002.safetensors",
+        "arm/model.safetensors",
         "arm/tokenizer.json",
         "arm/chat_template.jinja",
     )
-    unwanted = ("arm/modeling_qwen3.py", "arm/pytorch_model.bin", "arm/README.md", "other/model.safetensors")
+    unwanted = ("arm/modeling_qwen3.py", "arm/pytorch_model.bin", "arm/README.md", "other/model.safetensors",
+                "arm/adapter_model.safetensors")  # fmt: skip
     assert all(any(fnmatch(name, pattern) for pattern in patterns) for name in wanted)
     assert not any(fnmatch(name, pattern) for pattern in patterns for name in unwanted)
 
