@@ -180,47 +180,52 @@ def check_output(folder: Path, gate: str) -> str:
     return f"{len(header.tensors)} tensors in {len(header.files)} files, as the config says"
 
 
+FIELDS = (("seconds", 1), ("peak_rss_mib", 0), ("anon_mib", 0))
+
+
 def summary(runs: list[dict]) -> list[dict]:
-    """Medians per (gate, checkout): seconds, peak RSS, RssAnon, output size."""
+    """Per (gate, checkout): the median, least and largest seconds, peak RSS and RssAnon; the output's size."""
     rows = []
     for key in dict.fromkeys((run["gate"], run["checkout"]) for run in runs):
         mine = [run for run in runs if (run["gate"], run["checkout"]) == key]
-        row = {"gate": key[0], "checkout": key[1], "runs": len(mine)}
-        for field in ("seconds", "peak_rss_mib", "anon_mib", "output_bytes"):
-            row[field] = statistics.median(run[field] for run in mine)
+        row = {"gate": key[0], "checkout": key[1], "runs": len(mine), "output_bytes": mine[0]["output_bytes"]}
+        for field, _ in FIELDS:
+            values = [run[field] for run in mine]
+            row.update({field: statistics.median(values), f"{field}_range": [min(values), max(values)]})
         rows.append(row)
     return rows
 
 
 def markdown_table(report: dict) -> str:
     rows = {(row["gate"], row["checkout"]): row for row in report["summary"]}
-    names = list(report["checkouts"])
-    copy = rows[("copy", None)]
-    head = ["gate"] + [f"{what} ({name})" for what in ("seconds", "peak RSS MiB", "RssAnon MiB") for name in names]
-    if "before" in names:
-        head += ["time after/before", "peak RSS after/before"]
-    head += ["output GB"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    commits = {name: f"`{(commit or '?')[:7]}`" for name, commit in report["checkouts"].items()}
+    lines = [
+        "| gate | converter | seconds | peak RSS MiB | RssAnon MiB | output GB |",
+        "|---|---|---|---|---|---|",
+    ]
+
+    def cells(row: dict) -> list[str]:
+        low_high = [(f"{row[f]:.{d}f}", *(f"{v:.{d}f}" for v in row[f"{f}_range"])) for f, d in FIELDS]
+        return [f"{median} ({low}-{high})" for median, low, high in low_high] + [f"{row['output_bytes'] / 1e9:.2f}"]
+
     for gate in GATES:
-        cells = [gate]
-        for field, digits in (("seconds", 1), ("peak_rss_mib", 0), ("anon_mib", 0)):
-            cells += [f"{rows[(gate, name)][field]:.{digits}f}" for name in names]
-        if "before" in names:
+        for name in commits:
+            lines.append("| " + " | ".join([gate, f"{name} {commits[name]}", *cells(rows[(gate, name)])]) + " |")
+        if "before" in commits:
             before, after = rows[(gate, "before")], rows[(gate, "after")]
-            cells += [f"{after['seconds'] / before['seconds']:.2f}", f"{after['peak_rss_mib'] / before['peak_rss_mib']:.2f}"]  # fmt: skip
-        cells.append(f"{rows[(gate, 'after')]['output_bytes'] / 1e9:.2f}")
-        lines.append("| " + " | ".join(cells) + " |")
+            ratios = [f"**{after[field] / before[field]:.2f}**" for field, _ in FIELDS]
+            lines.append("| " + " | ".join([gate, "after / before", *ratios, ""]) + " |")
+    lines.append("| | plain `cp -r` of the source | " + " | ".join(cells(rows[("copy", None)])) + " |")
     source = report["source"]
-    commits = ", ".join(f"{name} `{(commit or '?')[:7]}`" for name, commit in report["checkouts"].items())
     return (
         "\n".join(lines)
         + f"\n\nSource: a random Qwen3-30B-A3B-shaped MoE with {source['layers']} of its 48 layers "
         + f"({source['tensors']} tensors, {source['bytes'] / 1e9:.2f} GB of bfloat16 in {source['files']} safetensors "
-        + f"files). Medians of {report['repeats']} rounds, each run `python -m gated_qwen convert SRC DST --gate GATE "
-        + "--quiet` in a fresh process (peak RSS: its ru_maxrss, the touched pages of the memory-mapped source "
-        + "included; RssAnon: the peak of what it holds itself). A plain `cp -r` of the source took "
-        + f"{copy['seconds']:.1f} s (median). Checkouts: {commits}. Time depends on the machine's load "
-        + "(shared: the load average is below), memory does not. "
+        + f"files). Each cell: the median of {report['repeats']} rounds (the least and the largest in brackets); each "
+        + "run `python -m gated_qwen convert SRC DST --gate GATE --quiet` in a fresh process, rounds in a shuffled "
+        + "order. Peak RSS: the process's ru_maxrss, the touched pages of the memory-mapped source included; RssAnon: "
+        + "the peak of what it holds itself. Time follows the load of the shared machine (below); memory varies "
+        + "between runs of the same converter by the spread shown. "
         + describe(report)
         + "\n"
     )

@@ -60,7 +60,7 @@ def test_a_tiny_run_measures_each_converter_and_what_they_wrote_loads(tmp_path, 
             assert row["peak_rss_mib"] > 100 and row["anon_mib"] > 50
     assert report["source"]["files"] > 1 and report["source"]["tensors"] == 3 + 2 * (9 + 8 * 3)
     table = (results / "results.md").read_text()
-    assert "| headwise |" in table and "time after/before" in table and "`cp -r`" in table
+    assert "| headwise | before `" in table and "| elementwise | after / before | **" in table and "`cp -r`" in table
     assert len(kept) == 4
     for folder in kept:
         model = Qwen3MoeGatedForCausalLM.from_pretrained(folder)  # strict loading: the config describes the weights
