@@ -18,7 +18,8 @@ shared machine falls on both checkouts alike; peak memory does not depend on tha
 over the rounds.
 
 Writes ``results.json`` (every run, the machine, the versions, the commits) and ``results.md`` into
-``--results-dir`` (default ``results/conversion``); ``--print-only`` writes nothing.
+``--results-dir`` (default ``results/conversion``); ``--print-only`` writes nothing, ``--table-only`` measures
+nothing and writes ``results.md`` again from the runs in ``results.json``.
 """
 
 from __future__ import annotations
@@ -214,6 +215,7 @@ def markdown_table(report: dict) -> str:
         if "before" in commits:
             before, after = rows[(gate, "before")], rows[(gate, "after")]
             ratios = [f"**{after[field] / before[field]:.2f}**" for field, _ in FIELDS]
+            ratios[0] += f" (least times: {after['seconds_range'][0] / before['seconds_range'][0]:.2f})"
             lines.append("| " + " | ".join([gate, "after / before", *ratios, ""]) + " |")
     lines.append("| | plain `cp -r` of the source | " + " | ".join(cells(rows[("copy", None)])) + " |")
     source = report["source"]
@@ -224,8 +226,8 @@ def markdown_table(report: dict) -> str:
         + f"files). Each cell: the median of {report['repeats']} rounds (the least and the largest in brackets); each "
         + "run `python -m gated_qwen convert SRC DST --gate GATE --quiet` in a fresh process, rounds in a shuffled "
         + "order. Peak RSS: the process's ru_maxrss, the touched pages of the memory-mapped source included; RssAnon: "
-        + "the peak of what it holds itself. Time follows the load of the shared machine (below); memory varies "
-        + "between runs of the same converter by the spread shown. "
+        + "the peak of what it holds itself. Time follows the load of the shared machine (below): the least times "
+        + "are the least disturbed by it. Memory varies between runs of the same converter by the spread shown. "
         + describe(report)
         + "\n"
     )
@@ -241,7 +243,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scratch", type=Path, help="where the source and outputs go (default: the system's temp)")
     parser.add_argument("--results-dir", default="results/conversion", help="where results.json/.md go")
     parser.add_argument("--print-only", action="store_true", help="print the table, write no results")
+    parser.add_argument("--table-only", action="store_true", help="write results.md again from results.json's runs")
     args = parser.parse_args(argv)
+    if args.table_only:
+        report = json.loads(Path(args.results_dir, "results.json").read_text())
+        report["summary"] = summary(report["runs"])
+        print(f"wrote {write_results(args.results_dir, report, markdown_table(report))}/results.md", file=sys.stderr)
+        return 0
     checkouts = {"after": ROOT}
     if args.before is not None:
         if not (args.before / "gated_qwen" / "__init__.py").is_file():
