@@ -82,7 +82,8 @@ def portable(text: str) -> str:
     """``text`` without the measuring machine's own paths, for a record: a path in the repository becomes relative
     to it, and any other absolute path under a temporary or home folder becomes ``$SCRATCH/`` plus what follows its
     first two components (``/tmp/tmp.X1b/floor.xml`` -> ``$SCRATCH/floor.xml``, ``/tmp/work`` -> ``$SCRATCH``)."""
-    text = text.replace(str(ROOT) + "/", "").replace(str(ROOT), ".")
+    text = text.replace(str(ROOT) + "/", "")
+    text = re.sub(re.escape(str(ROOT)) + r"(?![\w.-])", ".", text)  # ROOT itself, not a sibling like ROOT-old
 
     def label(match: re.Match) -> str:
         rest = Path(match.group(0)).parts[3:]

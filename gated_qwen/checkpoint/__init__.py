@@ -10,7 +10,6 @@ from .formats import (
     CheckpointTensors,
     TensorInfo,
     load_pickle_weights,
-    local_weight_files,
     read_json,
     read_weight_file_header,
     resolve_weight_files,
@@ -18,4 +17,4 @@ from .formats import (
 )
 from .outputs import OutputError, OutputFolder, output_file, scratch_folder, write_text
 from .sources import read_checkpoint_header, read_config_json, read_source_checkpoint
-from .validation import check_layer_count, check_loaded_weights, check_weights_match_config, weight_disagreements
+from .validation import check_layer_count, check_weights_match_config, weight_disagreements

@@ -9,7 +9,7 @@ import math
 import os
 import pickle
 from collections import namedtuple
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from operator import attrgetter
 from pathlib import Path
@@ -24,7 +24,6 @@ CONFIG_NAME = "config.json"
 SAFE_WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
 # (index, single file) of each weight format, in the order transformers prefers them, and their files on the hub
 WEIGHT_FILES = {"safetensors": (SAFE_WEIGHTS_INDEX_NAME, "model.safetensors"), "pytorch": ("pytorch_model.bin.index.json", "pytorch_model.bin")}  # fmt: skip
-WEIGHT_PATTERNS = {format_name: (pattern, index) for (format_name, (index, _)), pattern in zip(WEIGHT_FILES.items(), ("*.safetensors", "pytorch_model*.bin"))}  # fmt: skip
 # Files beside the weights that a written checkpoint takes over unchanged: never Python files (a checkpoint's
 # code is never run, nor passed on).
 AUXILIARY_FILES = (
@@ -202,23 +201,11 @@ def present_files(
     from huggingface_hub import constants
     from transformers.utils.hub import has_file
 
-    local = Path(path_or_repo_id).expanduser() / (subfolder or "")
-    if local.is_dir():
-        return [name for name in names if (local / name).is_file()]
     where = {key: hub_kwargs.get(key) for key in ("revision", "token", "proxies", "cache_dir")}
     where["local_files_only"] = bool(hub_kwargs.get("local_files_only") or constants.HF_HUB_OFFLINE)
     prefix = f"{subfolder.strip('/')}/" if subfolder else ""
-    return [name for name in names if has_file(str(path_or_repo_id), prefix + name, **where)]
-
-
-def local_weight_files(folder: str | os.PathLike) -> list[Path]:
-    """The weight files of a local checkpoint folder (:func:`resolve_weight_files`); [] when it has none.
-
-    >>> from gated_qwen.default_models import default_model_path
-    >>> [file.name for file in local_weight_files(default_model_path("headwise"))]
-    ['model.safetensors']
-    """
-    return [Path(file) for file in resolve_weight_files(folder)]
+    repository = str(Path(path_or_repo_id).expanduser())  # a local folder: has_file looks into it
+    return [name for name in names if has_file(repository, prefix + name, **where)]
 
 
 # Where a tensor's bytes lie in a source safetensors file: file[start:end]
@@ -231,7 +218,7 @@ class CheckpointTensors:
     ``torch.load(mmap=True)``, remapped after every :attr:`MAPPED_BYTES` read so that read pages do not pile up.
 
     >>> from gated_qwen.default_models import default_model_path
-    >>> CheckpointTensors(local_weight_files(default_model_path("headwise"))).get("model.norm.weight").dtype
+    >>> CheckpointTensors(resolve_weight_files(default_model_path("headwise"))).get("model.norm.weight").dtype
     torch.bfloat16
     """
 
@@ -312,19 +299,13 @@ def write_safetensors_checkpoint(
             f"max shard size {max_shard_size!r} is not a size like 5GB, 500MB or a number of bytes"
         ) from error
     total_size = sum(info.nbytes for info in plan.values())
-    disable = None if progress else True
+    disable = None if progress else True  # None: on a terminal only
     with tqdm(
         total=total_size, unit="B", unit_scale=True, unit_divisor=1024, desc=description, disable=disable
     ) as bar:
         for filename, names in split.filename_to_tensors.items():
             specs = {name: plan[name] for name in names}
-
-            def tensors(specs=specs) -> Iterator[torch.Tensor | StoredTensor]:
-                for name, spec in specs.items():
-                    yield produce(name)
-                    bar.update(spec.nbytes)
-
-            write_safetensors(folder / filename, specs, tensors())
+            write_safetensors(folder / filename, specs, map(produce, specs), written=bar.update)
     if split.is_sharded:
         index = {"metadata": {"total_size": total_size}, "weight_map": dict(sorted(split.tensor_to_filename.items()))}
         (folder / SAFE_WEIGHTS_INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n")
@@ -332,10 +313,13 @@ def write_safetensors_checkpoint(
 
 
 def write_safetensors(
-    path: Path, specs: dict[str, TensorInfo], tensors: Iterable[torch.Tensor | StoredTensor]
+    path: Path,
+    specs: dict[str, TensorInfo],
+    tensors: Iterable[torch.Tensor | StoredTensor],
+    written: Callable[[int], object] = lambda size: None,
 ) -> None:
     """Write one safetensors file tensor by tensor (a :class:`StoredTensor` copied as it is), its header known from
-    ``specs``. Kept because no library writes a file tensor by tensor: safetensors' writers (``save_file``,
+    ``specs``; ``written(bytes)`` after each. Kept because no library writes a file tensor by tensor: safetensors' writers (``save_file``,
     ``serialize_file``, 0.8), which transformers' and huggingface_hub's savers call, take every tensor at once.
 
     >>> import tempfile
@@ -366,6 +350,7 @@ def write_safetensors(
                 raise AssertionError(f"{name}: produced {tuple(tensor.shape)} {tensor.dtype}, planned {spec}")
             else:
                 handle.write(tensor.contiguous().view(-1).view(torch.uint8).numpy())
+            written(spec.nbytes)
 
 
 COPY_CHUNK_SIZE = 16 * 2**20  # bytes per read where the kernel cannot copy between the files itself

@@ -17,7 +17,6 @@ from ..errors import CheckpointError
 from .formats import HUB_KWARGS, read_weight_file_header, resolve_weight_files
 from .validation import (
     check_layer_count,
-    check_loaded_weights,
     check_weights_match_config,
     loaded_shapes,
     quantized_parameters,
@@ -82,7 +81,17 @@ def strict_from_pretrained(
     if checkable:
         if quantized:  # transformers sets a quantized weight whatever its shape: check the shapes it stands for
             check_weights_match_config(config, loaded_shapes(model, tensors, quantized), source, sizes, advice)
-        check_loaded_weights(model, loading_info, set(tensors) or None, str(pretrained_model_name_or_path))
+        # A checkpoint of a model with a head (every name under the decoder's prefix) carries its untied lm_head;
+        # a bare model's gets a fresh head, as in transformers
+        if (
+            tensors
+            and "lm_head.weight" in loading_info["missing_keys"]
+            and all(name.startswith(f"{model.base_model_prefix}.") for name in tensors)
+        ):
+            raise CheckpointError(
+                f"{source}: config.json says tie_word_embeddings False, but the checkpoint lacks weights the model "
+                f"needs: lm_head.weight. Use the config.json that came with the weights{advice}."
+            )
     return (model, loading_info) if output_loading_info else model
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import os
-import re
 from pathlib import Path
 
 from ..errors import CheckpointError, GatedQwenError
@@ -17,17 +16,14 @@ from .formats import (
     AUXILIARY_FILES,
     CONFIG_NAME,
     WEIGHT_FILES,
-    WEIGHT_PATTERNS,
     CheckpointHeader,
     TensorInfo,
-    local_weight_files,
     read_json,
     read_weight_file_header,
+    resolve_weight_files,
 )
 
 
-# owner/name or name, as the hub spells repository ids
-HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
 PROBE_TIMEOUT_S = 10.0
 
 
@@ -45,13 +41,14 @@ def _arms(folder_names: list[str]) -> str:
 
 
 def _looks_like_path(source: str) -> bool:
-    """Whether ``source`` can only be a local path (not a hub id): ``./x``, ``/x``, ``~/x``, ``a/b/c``, ``x/``."""
-    return (
-        source.startswith((".", "/", "~"))
-        or source.count("/") > 1
-        or source.endswith("/")
-        or not HUB_ID.fullmatch(source)
-    )
+    """Whether ``source`` can only be a local path, not a hub id (``./x``, ``/x``, ``~/x``, ``a/b/c``, ``x/``)."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(source)
+    except HFValidationError:
+        return True
+    return False
 
 
 def resolve_source(
@@ -175,16 +172,16 @@ def read_checkpoint_header(
     >>> header.weights_format, header.tensors["model.layers.0.self_attn.q_proj.weight"]
     ('safetensors', TensorInfo(shape=(260, 256), dtype='BF16'))
     """
-    local = Path(path_or_repo_id) / subfolder
-    if not local.is_dir():
+    local = resolve_source(str(path_or_repo_id), subfolder, revision, token)
+    if local is None:
         return _read_hub_header(str(path_or_repo_id), subfolder, revision, token)
     header = CheckpointHeader(str(local), read_config_json(local))
-    files = local_weight_files(local)
-    header.weights_format = ("safetensors" if files[0].suffix == ".safetensors" else "pytorch") if files else None
+    files = resolve_weight_files(local)
+    header.weights_format = ("safetensors" if files[0].endswith(".safetensors") else "pytorch") if files else None
     for file in files:
         header.tensors.update(read_weight_file_header(file))
-        header.files.append(str(file))
-        header.file_sizes[str(file)] = file.stat().st_size
+        header.files.append(file)
+        header.file_sizes[file] = os.path.getsize(file)
     return header
 
 
@@ -234,16 +231,8 @@ def _read_hub_header(repo_id: str, subfolder: str, revision: str | None, token) 
     return header
 
 
-def _check_hub_source(src, subfolder: str, revision: str | None, token=None) -> None:
-    """Refuse at once a ``src`` that is not a local folder and cannot be a usable hub id (a file, a path, or what
-    :func:`resolve_source` refuses: offline, no network, an unknown repository)."""
-    if Path(src).expanduser().exists() or _looks_like_path(str(src)):
-        raise CheckpointError(f"{src} is not a folder; give a checkpoint folder or a hub id like owner/name")
-    resolve_source(str(src), subfolder, revision, token)
-
-
 def _hub_failure(src, error: BaseException, doing: str) -> CheckpointError:
-    """The one line for a hub request that failed once :func:`_check_hub_source` had passed."""
+    """The one line for a hub request that failed once :func:`resolve_source` had passed."""
     return CheckpointError(
         f"{src} is not a local folder and could not be {doing} from the hub ({' '.join(str(error).split())}); "
         "check the path or hub id, the revision, or the network"
@@ -259,13 +248,11 @@ def read_config_json(src: str | os.PathLike, subfolder: str = "", revision: str 
     >>> read_config_json(models, "headwise")["model_type"]
     'qwen3_gated'
     """
-    local = Path(src).expanduser()
-    if local.is_dir():
-        path = local / subfolder / CONFIG_NAME
-        if not path.is_file():
-            raise CheckpointError(f"{path.parent} has no config.json; it is not a model checkpoint folder")
-        return read_json(path, "model config")
-    _check_hub_source(src, subfolder, revision, token)
+    local = resolve_source(str(src), subfolder, revision, token)
+    if local is not None:
+        if not (local / CONFIG_NAME).is_file():
+            raise CheckpointError(f"{local} has no config.json; it is not a model checkpoint folder")
+        return read_json(local / CONFIG_NAME, "model config")
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, LocalEntryNotFoundError
 
@@ -280,34 +267,21 @@ def read_config_json(src: str | os.PathLike, subfolder: str = "", revision: str 
     return read_json(path, "model config")
 
 
-def _checkpoint_folder(src: str | os.PathLike, subfolder: str = "", revision: str | None = None) -> Path:
-    """The local folder holding a checkpoint: ``src/subfolder``, or a hub snapshot of only the files needed
-    (config.json, one weight format, :data:`AUXILIARY_FILES`; never Python files)."""
-    local = Path(src).expanduser()
-    if local.is_dir():
-        if not (local / subfolder).is_dir():
-            raise GatedQwenError(f"{local} has no subfolder {subfolder!r}")
-        return local / subfolder
-    _check_hub_source(src, subfolder, revision)
+def _hub_snapshot(src: str | os.PathLike, subfolder: str = "", revision: str | None = None) -> Path:
+    """The local folder of a hub snapshot of only the files a checkpoint needs (config.json, one weight format,
+    :data:`AUXILIARY_FILES`; never Python files)."""
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
     prefix = f"{subfolder.strip('/')}/" if subfolder else ""
     try:
-        format_name, _ = _hub_weight_files(str(src), subfolder, revision)
-        patterns = [
-            CONFIG_NAME,
-            *AUXILIARY_FILES,
-            "additional_chat_templates/*",
-            *WEIGHT_PATTERNS.get(format_name, ()),
-        ]
-        snapshot = snapshot_download(str(src), revision=revision, allow_patterns=[prefix + p for p in patterns])
+        format_name, weights = _hub_weight_files(str(src), subfolder, revision)  # the shards its index names
+        names = [CONFIG_NAME, *AUXILIARY_FILES, "additional_chat_templates/*", *WEIGHT_FILES.get(format_name, ())]
+        snapshot = snapshot_download(
+            str(src), revision=revision, allow_patterns=[*(prefix + n for n in names), *weights]
+        )
     except (HfHubHTTPError, LocalEntryNotFoundError, OSError, ValueError) as error:
         raise _hub_failure(src, error, "downloaded") from error
-    if not (Path(snapshot) / subfolder / CONFIG_NAME).is_file():
-        raise CheckpointError(
-            f"{source_location(str(src), subfolder)} has no {CONFIG_NAME}; it is not a model checkpoint"
-        )
     return Path(snapshot) / subfolder
 
 
@@ -315,7 +289,7 @@ def read_source_checkpoint(
     src: str | os.PathLike, subfolder: str, revision: str | None, dst: Path, output: str
 ) -> CheckpointHeader:
     """The header of the checkpoint a command reads to write the folder ``dst`` (``output`` names what it writes),
-    from :func:`_checkpoint_folder`; a source and DST inside one another, or a source without weights, are refused.
+    a local folder or a hub snapshot; a source and DST inside one another, or a source without weights, are refused.
 
     >>> from gated_qwen.default_models import default_model_path
     >>> arm = default_model_path("headwise")
@@ -324,7 +298,7 @@ def read_source_checkpoint(
     ...
     gated_qwen.errors.GatedQwenError: .../headwise/out and the source .../headwise overlap; write the export elsewhere
     """
-    folder = _checkpoint_folder(src, subfolder, revision)
+    folder = resolve_source(str(src), subfolder, revision) or _hub_snapshot(src, subfolder, revision)
     for inside, outside in ((dst, folder), (folder, dst)):
         if inside.resolve().is_relative_to(outside.resolve()):
             raise GatedQwenError(f"{dst} and the source {folder} overlap; write the {output} elsewhere")

@@ -1,7 +1,7 @@
 """Whether a checkpoint's weights are the ones its config describes, the rules of strict ``from_pretrained``,
 ``inspect``, ``convert``, ``export`` and the vLLM plugin: from the headers before anything is built
 (:func:`check_weights_match_config`; what the tensors should be is the config's decoder built on the meta device
-with the layers the checkpoint holds), and from transformers' load report (:func:`check_loaded_weights`).
+with the layers the checkpoint holds).
 """
 
 from __future__ import annotations
@@ -253,9 +253,13 @@ def weight_disagreements(
             elif sizes or local.startswith(("self_attn.q_proj.", "self_attn.g_proj.", "self_attn.gate_logits")):
                 # gates never re-initialised
                 problems.append((order, _size_sentence(expected, name, tuple(info.shape), shape)))
-    sentences = _layer_count_sentences(config.num_hidden_layers, layers)
+    # Part of the decoder held (a layer, the embedding, the final norm): all of it needed
+    prefix = "model." if any(name.startswith("model.") for name in tensors) else ""
+    outside = [prefix + key for key in expected.skeleton if not key.startswith("layers.")]
+    decoder_held = bool(held or set(outside) & tensors.keys())
+    sentences = _layer_count_sentences(config.num_hidden_layers, layers, decoder_held)
     sentences += [sentence for _, sentence in sorted(problems)]
-    lacking: dict[str, list[str]] = {}
+    lacking: dict[str, list[str]] = {"": [name for name in outside if decoder_held and name not in tensors]}
     for layer in sorted(index for index in held if index < config.num_hidden_layers):
         for local in expected.required(layer, held[layer]):
             if local not in held[layer]:
@@ -263,10 +267,11 @@ def weight_disagreements(
                     f"{layers[layer]}.{local}"
                 )
     for says, names in lacking.items():
-        sentences.append(
-            (f"config.json says {says}, but " if says else "")
-            + f"the checkpoint lacks weights the model needs: {_listed(sorted(names), 4)}"
-        )
+        if names:
+            sentences.append(
+                (f"config.json says {says}, but " if says else "")
+                + f"the checkpoint lacks weights the model needs: {_listed(sorted(names), 4)}"
+            )
     for says, names in no_place.items():
         names = sorted(names, key=lambda n: (_split_layer_name(n)[0] or 0, n))
         sentences.append(
@@ -298,9 +303,9 @@ def _layers_held(tensors: Mapping[str, TensorInfo]) -> tuple[dict[int, str], dic
     return layers, held
 
 
-def _layer_count_sentences(num_hidden_layers: int, layers: dict[int, str]) -> list[str]:
+def _layer_count_sentences(num_hidden_layers: int, layers: dict[int, str], decoder_held: bool = False) -> list[str]:
     """The layer-count disagreement, if any; ``layers`` maps each layer index found to its prefix."""
-    if not layers:  # no decoder layers at all: not a checkpoint of this model, which transformers reports
+    if not layers and not decoder_held:  # none of the decoder: not a checkpoint of this model (transformers says)
         return []
     beyond = [index for index in layers if index >= num_hidden_layers]
     if beyond:
@@ -335,14 +340,13 @@ def check_layer_count(
 
 
 def _q_proj_sentence(config, name: str, found: tuple[int, ...], expected: tuple[int, ...]) -> str:
-    head_dim = config.head_dim
-    implied = gate_type_for_rows(found[0], config.num_attention_heads, head_dim)
+    implied = gate_type_for_rows(found[0], config.num_attention_heads, config.head_dim)
     implied_text = f"that is the shape of a {implied!r} gate" if implied else "no gate type has that many rows"
     # A gate with its own projection (g_proj) leaves q_proj with the query rows alone.
     own = config.gate_type != "none" and not getattr(config, "gate_in_q_proj", True)
     gate = f"a {config.gate_variant()}, in g_proj" if own else f"gate type {config.gate_type!r}"
     return (
-        f"{name} has shape {found} but the config ({gate}, {config.num_attention_heads} heads of dim {head_dim}) "
+        f"{name} has shape {found} but the config ({gate}, {config.num_attention_heads} heads of dim {config.head_dim}) "
         f"expects {expected}; {implied_text}{' in q_proj' if own else ''}"
     )
 
@@ -381,58 +385,4 @@ def _refuse(source: str, sentences: list[str], advice: str, error: type[Checkpoi
         raise error(
             f"{source}: {sentences[0]}{more}. The config does not describe these weights: use the config.json that "
             f"came with them, or correct the key it names{advice}."
-        )
-
-
-def check_loaded_weights(model, loading_info: dict, checkpoint_keys: set[str] | None, source: str) -> None:
-    """Refuse a load (``loading_info``: ``from_pretrained``'s) whose missing or unexpected weights show that the config
-    does not describe the checkpoint (its weight names ``checkpoint_keys``, None if unknown): part of the decoder
-    missing or without a place, or a checkpoint of the model's own class without its language-model head.
-
-    >>> from gated_qwen import Qwen3GatedForCausalLM
-    >>> from gated_qwen.checkpoint.formats import read_weight_file_header
-    >>> from gated_qwen.default_models import default_model_path
-    >>> folder = default_model_path("headwise")
-    >>> model, info = Qwen3GatedForCausalLM.from_pretrained(folder, strict=False, output_loading_info=True)
-    >>> keys = set(read_weight_file_header(folder / "model.safetensors"))
-    >>> info["missing_keys"] = {"model.layers.0.self_attn.q_norm.weight"}  # as if layer 0 lacked it
-    >>> check_loaded_weights(model, info, keys, str(folder))  # doctest: +ELLIPSIS
-    Traceback (most recent call last):
-    ...
-    gated_qwen.errors.CheckpointError: ... lacks weights the model needs: model.layers.0.self_attn.q_norm.weight. ...
-    """
-    base = model.base_model
-    prefix = "" if base is model else f"{model.base_model_prefix}."
-    decoder_modules = {name for name, _ in base.named_children()}
-
-    def in_decoder(key: str) -> bool:  # a key of the bare decoder, with or without the head's prefix
-        return key.removeprefix(f"{model.base_model_prefix}.").split(".", 1)[0] in decoder_modules
-
-    missing, unexpected = set(loading_info.get("missing_keys") or ()), set(loading_info.get("unexpected_keys") or ())
-    decoder_keys = {key for key in model.state_dict() if key.startswith(prefix) and in_decoder(key)}
-    missing_decoder = sorted(missing & decoder_keys)
-    problems = []
-    # All of the decoder missing: the checkpoint is not of this model at all, which transformers reports.
-    if missing_decoder and len(missing_decoder) < len(decoder_keys):
-        problems.append(("lacks weights the model needs", missing_decoder))
-    unexpected_decoder = sorted(key for key in unexpected if in_decoder(key))
-    if unexpected_decoder:
-        problems.append(("has weights the model has no place for", unexpected_decoder))
-    # A checkpoint of this same head (its decoder under the prefix, no other head) must carry the head too;
-    # a bare-model checkpoint gets a fresh head, as in transformers.
-    head_checkpoint = (
-        bool(prefix) and checkpoint_keys is not None and any(k.startswith(prefix) for k in checkpoint_keys)
-    )
-    other_heads = [key for key in unexpected if not in_decoder(key)]
-    head = model.get_output_embeddings()
-    missing_heads = sorted(
-        missing & {f"{n}.weight" for n, m in model.named_children() if head is not None and m is head}
-    )
-    if head_checkpoint and not other_heads and missing_heads:
-        problems.append(("lacks weights the model needs", missing_heads))
-    for what, keys in problems:
-        raise CheckpointError(
-            f"{source} {what}: {_listed(keys, 4)}. The config does not describe these weights (check use_qk_norm, qkv_bias, "
-            "tie_word_embeddings, num_hidden_layers against the checkpoint), or pass strict=False to load it as "
-            "transformers would."
         )

@@ -99,9 +99,9 @@ def check_served_checkpoint(vllm_config) -> None:
     """
     from ..checkpoint import (
         check_weights_match_config,
-        local_weight_files,
         read_checkpoint_header,
         read_weight_file_header,
+        resolve_weight_files,
     )
     from ..errors import CheckpointError
     from ..models.qwen3_gated.configuration_qwen3_gated import Qwen3GatedConfig, is_gated_attention_config
@@ -130,7 +130,7 @@ def check_served_checkpoint(vllm_config) -> None:
     source = str(model_config.model)
     if Path(source).is_dir():
         tensors = {}
-        for file in local_weight_files(source):
+        for file in resolve_weight_files(source):
             tensors.update(read_weight_file_header(file))
     else:
         try:  # safetensors headers by range reads; pickle weights give no shapes without the download

@@ -284,7 +284,7 @@ def test_a_convert_killed_while_writing_shards_is_cleaned_up_by_the_next(stock, 
     killed = (
         "import os, signal, sys\n"
         "import gated_qwen.checkpoint.formats as checkpoint\n"
-        "def write_then_die(path, specs, tensors):\n"
+        "def write_then_die(path, specs, tensors, **kwargs):\n"
         "    path.write_bytes(b'half a shard')\n"
         "    os.kill(os.getpid(), signal.SIGKILL)\n"
         "checkpoint.write_safetensors = write_then_die\n"

@@ -244,6 +244,39 @@ def test_a_layer_missing_in_the_middle_is_named(arm):
     )
 
 
+def test_the_embedding_and_final_norm_are_required_from_the_headers(arm, no_model_built):
+    tensors = {
+        name: TensorInfo(tuple(t.shape), "F32")
+        for name, t in torch.load(arm / "pytorch_model.bin", weights_only=True).items()
+    }
+    config = Qwen3GatedConfig.from_pretrained(arm)
+    assert weight_disagreements(config, tensors) == []
+    without = {k: v for k, v in tensors.items() if k not in ("model.embed_tokens.weight", "model.norm.weight")}
+    assert weight_disagreements(config, without) == [
+        "the checkpoint lacks weights the model needs: model.embed_tokens.weight, model.norm.weight"
+    ]
+    bare = {k.removeprefix("model."): v for k, v in without.items()}  # a bare model's names, no prefix
+    assert "lacks weights the model needs: embed_tokens.weight, norm.weight" in weight_disagreements(config, bare)[0]
+    # the embedding and the norm alone: part of the decoder, without its layers
+    outside = {k: v for k, v in tensors.items() if ".layers." not in k}
+    assert weight_disagreements(config, outside) == [
+        "config.json says num_hidden_layers 2, but the checkpoint holds 0 layers"
+    ]
+    assert weight_disagreements(config, {"tensor": TensorInfo((2,), "I64")}) == []  # none of it: transformers says
+    path = arm.parent / "no_norm"
+    shutil.copytree(arm, path, dirs_exist_ok=True)
+    torch.save(
+        {
+            k: v
+            for k, v in torch.load(arm / "pytorch_model.bin", weights_only=True).items()
+            if k != "model.norm.weight"
+        },
+        path / "pytorch_model.bin",
+    )
+    with pytest.raises(CheckpointError, match=r"lacks weights the model needs: model\.norm\.weight\. The config"):
+        Qwen3GatedForCausalLM.from_pretrained(path)
+
+
 # ---------------------------------------------------------------------------------------------- the real arms' configs
 
 

@@ -46,7 +46,7 @@ def test_inspect_a_released_arm_on_the_hub_without_downloading_its_bin(tmp_path,
         lambda self, repo_id, path_in_repo=None, **k: [SimpleNamespace(path=p, size=n) for p, n in listing.items()],
     )
     monkeypatch.setattr(
-        "gated_qwen.checkpoint.sources.resolve_source", lambda *args: None
+        "gated_qwen.checkpoint.sources._check_hub_repository", lambda *args: None
     )  # the hub probe (tests/checkpoint/test_hub.py)
     assert main(["inspect", "QwQZh/gated_attention", "--subfolder", arm.name, "--json"]) == 0
     facts = json.loads(capsys.readouterr().out)

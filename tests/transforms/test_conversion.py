@@ -402,7 +402,7 @@ def fake_hub(monkeypatch, snapshot: Path, listing: dict[str, int]):
     monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot_download)
     monkeypatch.setattr(huggingface_hub.HfApi, "list_repo_tree", fake_list_repo_tree)
     monkeypatch.setattr(
-        "gated_qwen.checkpoint.sources.resolve_source", lambda *args: None
+        "gated_qwen.checkpoint.sources._check_hub_repository", lambda *args: None
     )  # the hub probe (tests/checkpoint/test_hub.py)
     return calls
 
@@ -424,11 +424,12 @@ def test_hub_source_downloads_only_needed_files(tmp_path, monkeypatch):
     assert all(pattern.startswith("arm/") for pattern in patterns)
     wanted = (
         "arm/config.json",
-        "arm/model-00001-of-00002.safetensors",
+        "arm/model.safetensors",
         "arm/tokenizer.json",
         "arm/chat_template.jinja",
     )
-    unwanted = ("arm/modeling_qwen3.py", "arm/pytorch_model.bin", "arm/README.md", "other/model.safetensors")
+    unwanted = ("arm/modeling_qwen3.py", "arm/pytorch_model.bin", "arm/README.md", "other/model.safetensors",
+                "arm/adapter_model.safetensors")  # fmt: skip
     assert all(any(fnmatch(name, pattern) for pattern in patterns) for name in wanted)
     assert not any(fnmatch(name, pattern) for pattern in patterns for name in unwanted)
 
@@ -642,7 +643,7 @@ def test_library_refuses_bad_options(tmp_path):
     ):
         with pytest.raises(GatedQwenError, match=message):
             convert_checkpoint(source, tmp_path / "gated", progress=False, **kwargs)
-    with pytest.raises(GatedQwenError, match="not a folder"):
+    with pytest.raises(GatedQwenError, match="nowhere does not exist: there is no such folder"):
         convert_checkpoint(tmp_path / "nowhere", tmp_path / "gated", progress=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["stock"]
 

@@ -375,7 +375,7 @@ def test_cli_bad_arguments(tmp_path, capsys):
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and "--dtype" in err and "'int8'" in err and len(err.strip().splitlines()) == 1
     assert main(["export", str(tmp_path / "missing"), str(tmp_path / "out"), "--to", "qwen3_5"]) == 2
-    assert "is not a folder" in capsys.readouterr().err
+    assert "missing does not exist: there is no such folder" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_info:
         main(["export", str(source), str(tmp_path / "out")])
     assert exit_info.value.code == 2 and "--to" in capsys.readouterr().err
@@ -465,7 +465,7 @@ def test_hub_source_downloads_config_weights_and_tokenizer_but_no_code(tmp_path,
         lambda self, repo_id, path_in_repo=None, **k: [SimpleNamespace(path=p, size=n) for p, n in listing.items()],
     )
     monkeypatch.setattr(
-        "gated_qwen.checkpoint.sources.resolve_source", lambda *args: None
+        "gated_qwen.checkpoint.sources._check_hub_repository", lambda *args: None
     )  # the hub probe (tests/checkpoint/test_hub.py)
     result = export_checkpoint("owner/model", tmp_path / "out", subfolder="arm", revision="v1", progress=False)
     assert (result.path / "tokenizer.json").is_file() and (result.path / "chat_template.jinja").is_file()

@@ -370,7 +370,7 @@ def measure_conversion(options: BenchmarkOptions, stock: Path, folder: Path) -> 
 
     The converter adds the first gated arm's gate and variant, at ``init="identity"`` where the variant has one
     (``"random"`` where it has none: a multiplicative SiLU or an additive sigmoid gate)."""
-    from ...checkpoint.formats import local_weight_files, read_weight_file_header
+    from ...checkpoint.formats import read_weight_file_header, resolve_weight_files
     from ...transforms.conversion import check_identity_init
     from .child import run_step
 
@@ -382,7 +382,9 @@ def measure_conversion(options: BenchmarkOptions, stock: Path, folder: Path) -> 
         init = "random"
     conversion = {"gate": gate, "init": init, **options.gate_variant}
 
-    largest = max(info.nbytes for file in local_weight_files(stock) for info in read_weight_file_header(file).values())
+    largest = max(
+        info.nbytes for file in resolve_weight_files(stock) for info in read_weight_file_header(file).values()
+    )
 
     def work(kind):
         target = folder / kind
