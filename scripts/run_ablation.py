@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import platform
 import statistics
 import subprocess
 import sys
@@ -60,11 +61,63 @@ ARMS = {
     },
     "G1 elementwise multiplicative SiLU": {"gate_type": "elementwise", "gate_activation": "silu"},
     "G1 elementwise additive sigmoid": {"gate_type": "elementwise", "gate_combination": "additive"},
+    # The mechanism rows of the paper's Tables 3 and 4 (the SDPA-output gate, elementwise, as there) and its Table 2
+    # sandwich norm (no gate).
+    "additive identity": {"gate_type": "elementwise", "gate_activation": "identity", "gate_combination": "additive"},
+    "NS-sigmoid": {"gate_type": "elementwise", "gate_activation": "ns_sigmoid"},
+    "input-independent": {"gate_type": "elementwise", "gate_input": "none"},
+    "SDPA SiLU": {"gate_type": "none", "attn_output_transform": "silu"},
+    "SDPA RMSNorm": {"gate_type": "none", "attn_output_transform": "rmsnorm"},
+    "sandwich norm": {"gate_type": "none", "sandwich_norm": True},
+    # Parameter-matched baselines (Table 1 rows 2-3, Table 2). G1 elementwise adds hidden x (heads x head_dim) =
+    # 64 x 64 = 4,096 weights a layer (8,192 in all) at configs/ablation_tiny.json's shape. Two more kv heads (2 -> 4)
+    # add k_proj and v_proj rows, 2 x 64 x (2 x 16) = 4,096 a layer; two more query heads (4 -> 6; 6 divides
+    # by the 2 kv heads) add q_proj rows and o_proj columns, the same 4,096: exactly the gate's 8,192 both.
+    "kv heads": {"gate_type": "none", "num_key_value_heads": 4},
+    "query heads": {"gate_type": "none", "num_attention_heads": 6},
+    # G1 elementwise with the MLP narrowed to the baseline's parameter count: each unit of intermediate_size is
+    # 3 x 64 weights a layer, so 192 -> 171 takes 3 x 64 x 21 = 4,032 a layer off the gate's 4,096 (+128 in all).
+    "FFN narrowed": {"gate_type": "elementwise", "intermediate_size": 171},
 }
-# The paper's figure for each row: arXiv 2505.06708 Table 1 (15B MoE), the average perplexity gain over its
-# baseline (baseline's average PPL minus the row's: positive is better), and the rows of its Tables 3 and 4 the
-# same way. Not yet copied from the paper: None shows as "–" and leaves the row out of the rank correlation.
-PAPER_PPL_GAIN: dict[str, float | None] = {arm: None for arm in ARMS if arm != "baseline"}
+# The paper's figures (arXiv 2505.06708, the 15B MoE models) for each row, copied from its tables: the average
+# perplexity of Table 1 (baseline 6.026) and Table 4, and the gain over the baseline computed from it (the
+# baseline's average PPL minus the row's: positive is better). None shows as "–" and leaves the row out of the
+# rank correlation: rows the paper does not have ("G1 headwise head-shared"; the additive sigmoid gate, this
+# project's extra, the paper's additive gates use SiLU; "FFN narrowed", whose Table 2 is dense) and rows of its
+# Tables 2 and 3 whose figures were not available to us when this was written ("additive identity", "SDPA SiLU",
+# "SDPA RMSNorm" of Table 3, "sandwich norm" of Table 2): not guessed.
+PAPER_BASELINE_PPL = 6.026  # Table 1, row 1 (Table 4's gains below are taken against the same baseline)
+PAPER_PPL = {
+    "kv heads": 5.979,  # Table 1: k = 8 (kv heads 4 -> 8)
+    "query heads": 5.953,  # Table 1: q = 48 (query heads 32 -> 48)
+    "G1 elementwise": 5.761,  # Table 1: SDPA, elementwise
+    "G2 elementwise": 5.820,  # Table 1: v, elementwise
+    "G3 elementwise": 6.016,  # Table 1: k, elementwise
+    "G4 elementwise": 5.981,  # Table 1: q, elementwise
+    "G5 elementwise": 6.017,  # Table 1: dense output
+    "G1 headwise": 5.792,  # Table 1: SDPA, headwise
+    "G2 headwise": 5.808,  # Table 1: v, headwise
+    "G1 elementwise head-shared": 5.801,  # Table 1: SDPA, head-shared (elementwise)
+    "G1 elementwise additive SiLU": 5.821,  # Table 1: SDPA, additive, SiLU
+    "G1 elementwise multiplicative SiLU": 5.822,  # Table 1: SDPA, elementwise, SiLU
+    "input-independent": 5.917,  # Table 4
+    "NS-sigmoid": 5.900,  # Table 4
+}
+PAPER_PPL_GAIN: dict[str, float | None] = {
+    arm: (round(PAPER_BASELINE_PPL - PAPER_PPL[arm], 3) if arm in PAPER_PPL else None)
+    for arm in ARMS
+    if arm != "baseline"
+}
+# Table 4's first-token attention (F-Attn) and mean gate score for its rows (the value gate is elementwise there).
+PAPER_TABLE4 = {
+    "baseline": {"first_token_attention": 0.467},
+    "G1 elementwise": {"mean_gate": 0.116, "first_token_attention": 0.048},
+    "G1 headwise": {"mean_gate": 0.172, "first_token_attention": 0.073},
+    "G1 elementwise head-shared": {"mean_gate": 0.271, "first_token_attention": 0.301},
+    "G2 elementwise": {"mean_gate": 0.221, "first_token_attention": 0.297},
+    "input-independent": {"mean_gate": 0.335, "first_token_attention": 0.364},
+    "NS-sigmoid": {"mean_gate": 0.653, "first_token_attention": 0.451},
+}
 CORPUS = ROOT / "data" / "stdlib_docstrings"
 CONFIG = ROOT / "configs" / "ablation_tiny.json"
 SEQ_LEN = 128  # the training length; configs/ablation_tiny.json's max_position_embeddings
@@ -85,6 +138,13 @@ def parse_args(argv=None):
     parser.add_argument("--results", type=Path, default=ROOT / "results" / "ablation")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--train-only", action="store_true", help="train the seed runs, measure nothing")
+    parser.add_argument(
+        "--reuse-recorded",
+        type=Path,
+        metavar="RESULTS_JSON",
+        help="take a run's figures from this earlier results.json where everything that decides them is identical "
+        "(arm config, base config, tokens, lr, batch, seed, threads, Python, torch, transformers)",
+    )
     args = parser.parse_args(argv)
     try:
         args.arms = arm_names(args.arms)
@@ -196,11 +256,9 @@ def table(rows: dict[str, dict], seeds: list[int]) -> str:
     baseline = rows.get("baseline")
     lines = [
         f"| arm | held-out loss (mean ± sd, {len(seeds)} seeds) | vs baseline | paper PPL gain | parameters added | "
-        "first-token "
-        "attention | largest activation | mean gate | gate < 0.5 | loss spikes at high lr | "
-        + " | ".join(f"ppl {k}x | ppl {k}x YaRN" for k in EXTRAPOLATION)
-        + " |",
-        "|---" * (10 + 2 * len(EXTRAPOLATION)) + "|",
+        "first-token attention | paper F-Attn | largest activation | mean gate | paper gate mean | gate < 0.5 | "
+        "loss spikes at high lr | " + " | ".join(f"ppl {k}x | ppl {k}x YaRN" for k in EXTRAPOLATION) + " |",
+        "|---" * (12 + 2 * len(EXTRAPOLATION)) + "|",
     ]
 
     def mean(arm, key):
@@ -222,8 +280,10 @@ def table(rows: dict[str, dict], seeds: list[int]) -> str:
             shown(PAPER_PPL_GAIN.get(arm)),
             added,
             shown(mean(arm, "first_token_attention")),
+            shown(PAPER_TABLE4.get(arm, {}).get("first_token_attention")),
             shown(mean(arm, "largest_activation"), 1),
             shown(mean(arm, "mean_gate")),
+            shown(PAPER_TABLE4.get(arm, {}).get("mean_gate")),
             shown(mean(arm, "gate_below_0.5")),
             str(row.get("high_lr", {}).get("loss_spikes", "–")),
         ]
@@ -270,33 +330,158 @@ def correlation_with_paper(rows: dict[str, dict]) -> tuple[float | None, str]:
     )
 
 
-def main():
-    args = parse_args()
-    if not (CORPUS / "train.jsonl").exists():
-        sys.exit("no corpus: run `python scripts/prepare_corpus.py` first (it writes data/stdlib_docstrings/)")
-    from transformers import AutoTokenizer
+def run_settings(args, high_lr: bool = False) -> dict:
+    """Everything besides the arm's keys and the seed that decides a run's figures here: the base config, the
+    schedule, the threads, and the versions the corpus (Python's standard library) and the arithmetic come from."""
+    from _results import package_versions
 
-    import gated_qwen  # noqa: F401  (the Auto classes)
+    versions = package_versions()
+    return {
+        "config": json.loads(CONFIG.read_text()),
+        "seq_len": SEQ_LEN,
+        "batch_size": BATCH_SIZE,
+        "max_tokens": args.high_lr_tokens if high_lr else args.max_tokens,
+        "lr": args.high_lr if high_lr else args.lr,
+        "threads": args.threads,
+        "python": platform.python_version(),
+        "torch": versions["torch"],
+        "transformers": versions["transformers"],
+    }
 
-    arms = ["baseline", *[arm for arm in args.arms if arm != "baseline"]]  # the baseline first: its tokenizer
+
+def recorded_settings(recording: dict, high_lr: bool = False) -> dict:
+    """:func:`run_settings` as a results.json records them. A recording without ``threads`` (before this key)
+    ran with its command's ``--threads``, else the default, 2, which it has always been."""
+    command = recording.get("command", "").split()
+    threads = int(command[command.index("--threads") + 1]) if "--threads" in command else 2
+    return {
+        "config": recording["config"],
+        "seq_len": recording["seq_len"],
+        "batch_size": recording["batch_size"],
+        "max_tokens": recording["high_lr_tokens" if high_lr else "max_tokens"],
+        "lr": recording["high_lr" if high_lr else "lr"],
+        "threads": recording.get("threads", threads),
+        "python": recording["machine"]["python"],
+        "torch": recording["versions"]["torch"],
+        "transformers": recording["versions"]["transformers"],
+    }
+
+
+def reusable_runs(path: Path | None, args) -> dict:
+    """The runs of an earlier results.json whose figures this invocation would measure again: ``{(arm, seed):
+    seed row}`` and ``{(arm, "high_lr"): high-lr row}``, each only where the arm's config keys (matched by value,
+    not by name) and :func:`run_settings` are identical to the recording's. Each row says where it comes from
+    (``recorded``: the recording's date and commit, or the earlier one it was itself reused from)."""
+    if path is None:
+        return {}
+    try:
+        recording = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        sys.exit(f"--reuse-recorded {path}: cannot read it as a results.json ({error})")
+    origin = {"utc": recording["machine"]["utc"], "git_commit": recording.get("git_commit")}
+    reusable = {}
+    for high_lr in (False, True):
+        ours, theirs = run_settings(args, high_lr), recorded_settings(recording, high_lr)
+        differences = [f"{key} {theirs[key]!r} there, {ours[key]!r} here" for key in ours if ours[key] != theirs[key]]
+        if differences:
+            kind = "high-lr runs" if high_lr else "seed runs"
+            print(f"[ablation] not reusing {path}'s {kind}: {'; '.join(differences)}", file=sys.stderr, flush=True)
+            continue
+        for arm in args.arms_run:
+            recorded = next((row for row in recording["arms"].values() if row["config"] == ARMS[arm]), None)
+            if recorded is None:
+                continue
+            if high_lr and "high_lr" in recorded:
+                reusable[arm, "high_lr"] = {"recorded": origin, **recorded["high_lr"]}
+            for seed in args.seeds if not high_lr else ():
+                if str(seed) in recorded["seeds"]:
+                    reusable[arm, seed] = {"recorded": origin, **recorded["seeds"][str(seed)]}
+    return reusable
+
+
+def check_reproduction(measured: dict, recorded: dict) -> dict:
+    """The figures of a run measured again beside its recording's: every key they share, and whether each is equal
+    to the last digit (the training time aside)."""
+    keys = [key for key in measured if key in recorded and key not in ("elapsed_s", "recorded")]
+    return {
+        "identical": all(measured[key] == recorded[key] for key in keys),
+        "figures": {key: {"recorded": recorded[key], "measured": measured[key]} for key in keys},
+        "recorded": recorded["recorded"],
+    }
+
+
+def provenance_line(rows: dict[str, dict], seeds: list[int], check: dict | None) -> str:
+    """Which rows come from which recording, and the reproduction check that allows it."""
+    origins: dict[tuple, list[str]] = {}
+    for arm, row in rows.items():
+        for run in [*row["seeds"].values(), row["high_lr"]]:
+            if "recorded" in run:
+                key = (run["recorded"]["utc"], run["recorded"]["git_commit"] or "?")
+                origins.setdefault(key, [])
+                if arm not in origins[key]:
+                    origins[key].append(arm)
+    if not origins:
+        return "Every run measured in this invocation."
+    lines = [
+        f"Reused from the recording of {utc} (commit {commit[:7]}), its figures unchanged because everything that "
+        f"decides them is the same here (arm config, base config, token budget, learning rate, batch, seed, threads, "
+        f"Python, torch and transformers versions): {', '.join(arms)}."
+        for (utc, commit), arms in origins.items()
+    ]
+    if check is not None:
+        verdict = "identical in every figure" if check["identical"] else "NOT identical"
+        lines.append(
+            f"Check: baseline seed {seeds[0]} trained and measured again here is {verdict} to its recording of "
+            f"{check['recorded']['utc']}."
+        )
+    return "\n\n".join(lines)
+
+
+def train_all(args, arms: list[str], reusable: dict) -> tuple[dict, Path | None]:
+    """Train every run that is not reused (the baseline's first seed always when anything trains: its tokenizer
+    is every run's); the summaries, and the tokenizer folder (None when nothing trains)."""
+    first = ("baseline", args.seeds[0])
+    keys = [(arm, seed) for arm in arms for seed in args.seeds] + [(arm, "high_lr") for arm in arms]
+    pending = [key for key in keys if key not in reusable and not (args.train_only and key[1] == "high_lr")]
+    if not pending:
+        return {}, None
     tokenizer_folder = run_folder(args.runs, "baseline", f"seed{args.seeds[0]}") / "tokenizer"
     summaries = {}
-    for arm in arms:  # every training run first (--train-only stops there), then every measurement
-        for seed in args.seeds:
-            tokenizer = tokenizer_folder if tokenizer_folder.is_dir() else None
+    for arm, seed in [first, *[key for key in pending if key != first]]:
+        tokenizer = tokenizer_folder if tokenizer_folder.is_dir() else None
+        if seed == "high_lr":
+            summaries[arm, seed] = train(args, arm, "high_lr", 0, args.high_lr, args.high_lr_tokens, tokenizer)
+        else:
             summaries[arm, seed] = train(args, arm, f"seed{seed}", seed, args.lr, args.max_tokens, tokenizer)
-    if args.train_only:
-        return
-    for arm in arms:
-        summaries[arm, "high_lr"] = train(args, arm, "high_lr", 0, args.high_lr, args.high_lr_tokens, tokenizer_folder)
-    stream = heldout_stream(AutoTokenizer.from_pretrained(tokenizer_folder))
+    return summaries, tokenizer_folder
+
+
+def measure_all(args, arms: list[str], reusable: dict, summaries: dict, tokenizer_folder: Path | None):
+    """The rows of the table (reused or measured here) and the reproduction check of the baseline's first seed
+    (None unless it was both reused and trained again)."""
+    stream = None
+    if tokenizer_folder is not None:
+        from transformers import AutoTokenizer
+
+        stream = heldout_stream(AutoTokenizer.from_pretrained(tokenizer_folder))
     rows: dict[str, dict] = {}
+    check = None
     for arm in arms:
         rows[arm] = {"config": ARMS[arm], "seeds": {}}
         for seed in args.seeds:
-            print(f"[ablation] {arm} seed {seed}: measuring", file=sys.stderr, flush=True)
-            folder = run_folder(args.runs, arm, f"seed{seed}") / "final"
-            rows[arm]["seeds"][seed] = {**measure(folder, stream), "elapsed_s": summaries[arm, seed].get("elapsed_s")}
+            if (arm, seed) in summaries:
+                print(f"[ablation] {arm} seed {seed}: measuring", file=sys.stderr, flush=True)
+                folder = run_folder(args.runs, arm, f"seed{seed}") / "final"
+                measured = {**measure(folder, stream), "elapsed_s": summaries[arm, seed].get("elapsed_s")}
+                if (arm, seed) in reusable:  # the baseline's first seed, trained for its tokenizer
+                    check = check_reproduction(measured, reusable[arm, seed])
+                    measured = reusable[arm, seed]
+                rows[arm]["seeds"][seed] = measured
+            else:
+                rows[arm]["seeds"][seed] = reusable[arm, seed]
+        if (arm, "high_lr") in reusable:
+            rows[arm]["high_lr"] = reusable[arm, "high_lr"]
+            continue
         high = summaries[arm, "high_lr"]
         rows[arm]["high_lr"] = {
             "lr": args.high_lr,
@@ -304,6 +489,28 @@ def main():
             "loss_spike_steps": high.get("loss_spike_steps"),
             "final_train_loss": high.get("final_train_loss"),
         }
+    return rows, check
+
+
+def main():
+    args = parse_args()
+    if not (CORPUS / "train.jsonl").exists():
+        sys.exit("no corpus: run `python scripts/prepare_corpus.py` first (it writes data/stdlib_docstrings/)")
+    import gated_qwen  # noqa: F401  (the Auto classes)
+
+    arms = ["baseline", *[arm for arm in args.arms if arm != "baseline"]]  # the baseline first: its tokenizer
+    args.arms_run = arms
+    reusable = reusable_runs(args.reuse_recorded, args)
+    summaries, tokenizer_folder = train_all(args, arms, reusable)
+    if args.train_only:
+        return
+    rows, check = measure_all(args, arms, reusable, summaries, tokenizer_folder)
+    if check is not None and not check["identical"]:
+        differing = {key: pair for key, pair in check["figures"].items() if pair["recorded"] != pair["measured"]}
+        sys.exit(
+            f"baseline seed {args.seeds[0]} trained again does not reproduce its recording ({differing}): its "
+            "figures cannot be reused; run without --reuse-recorded"
+        )
     markdown = table(rows, args.seeds)
     correlation, correlation_line = correlation_with_paper(rows)
     markdown += "\n\n" + correlation_line
@@ -316,17 +523,23 @@ def main():
         lr=args.lr,
         high_lr=args.high_lr,
         high_lr_tokens=args.high_lr_tokens,
+        threads=args.threads,
         seeds=args.seeds,
         arms=rows,
+        paper_ppl=PAPER_PPL,
+        paper_baseline_ppl=PAPER_BASELINE_PPL,
         paper_ppl_gain=PAPER_PPL_GAIN,
+        paper_table4=PAPER_TABLE4,
         rank_correlation_with_paper=correlation,
+        reproduction_check=check,
     )
     scale = (
         f"Scale: {rows['baseline']['seeds'][args.seeds[0]]['parameters']:,} parameters (baseline), "
         f"{args.max_tokens:,} training tokens per run, rows of {SEQ_LEN} tokens, {len(args.seeds)} seeds; "
         f"loss spikes from one run per arm at learning rate {args.high_lr} ({args.high_lr_tokens:,} tokens)."
     )
-    write_results(args.results, report, markdown + "\n\n" + scale + "\n\n" + describe(report) + "\n")
+    provenance = provenance_line(rows, args.seeds, check)
+    write_results(args.results, report, "\n\n".join([markdown, scale, provenance, describe(report)]) + "\n")
     print(markdown)
 
 
