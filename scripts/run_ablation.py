@@ -143,7 +143,7 @@ def parse_args(argv=None):
         type=Path,
         metavar="RESULTS_JSON",
         help="take a run's figures from this earlier results.json where everything that decides them is identical "
-        "(arm config, base config, tokens, lr, batch, seed, threads, Python, torch, transformers)",
+        "(arm config, base config, tokens, lr, batch, seed, Python, torch, transformers)",
     )
     args = parser.parse_args(argv)
     try:
@@ -332,7 +332,9 @@ def correlation_with_paper(rows: dict[str, dict]) -> tuple[float | None, str]:
 
 def run_settings(args, high_lr: bool = False) -> dict:
     """Everything besides the arm's keys and the seed that decides a run's figures here: the base config, the
-    schedule, the threads, and the versions the corpus (Python's standard library) and the arithmetic come from."""
+    schedule, and the versions the corpus (Python's standard library) and the arithmetic come from. Not the
+    threads: the baseline's seed 0 trained on 1 thread gave the figures of its 2-thread recording to the last
+    digit (and every invocation that reuses and trains checks that again, :func:`check_reproduction`)."""
     from _results import package_versions
 
     versions = package_versions()
@@ -342,7 +344,6 @@ def run_settings(args, high_lr: bool = False) -> dict:
         "batch_size": BATCH_SIZE,
         "max_tokens": args.high_lr_tokens if high_lr else args.max_tokens,
         "lr": args.high_lr if high_lr else args.lr,
-        "threads": args.threads,
         "python": platform.python_version(),
         "torch": versions["torch"],
         "transformers": versions["transformers"],
@@ -350,17 +351,13 @@ def run_settings(args, high_lr: bool = False) -> dict:
 
 
 def recorded_settings(recording: dict, high_lr: bool = False) -> dict:
-    """:func:`run_settings` as a results.json records them. A recording without ``threads`` (before this key)
-    ran with its command's ``--threads``, else the default, 2, which it has always been."""
-    command = recording.get("command", "").split()
-    threads = int(command[command.index("--threads") + 1]) if "--threads" in command else 2
+    """:func:`run_settings` as a results.json records them."""
     return {
         "config": recording["config"],
         "seq_len": recording["seq_len"],
         "batch_size": recording["batch_size"],
         "max_tokens": recording["high_lr_tokens" if high_lr else "max_tokens"],
         "lr": recording["high_lr" if high_lr else "lr"],
-        "threads": recording.get("threads", threads),
         "python": recording["machine"]["python"],
         "torch": recording["versions"]["torch"],
         "transformers": recording["versions"]["transformers"],
@@ -424,7 +421,7 @@ def provenance_line(rows: dict[str, dict], seeds: list[int], check: dict | None)
         return "Every run measured in this invocation."
     lines = [
         f"Reused from the recording of {utc} (commit {commit[:7]}), its figures unchanged because everything that "
-        f"decides them is the same here (arm config, base config, token budget, learning rate, batch, seed, threads, "
+        f"decides them is the same here (arm config, base config, token budget, learning rate, batch, seed, "
         f"Python, torch and transformers versions): {', '.join(arms)}."
         for (utc, commit), arms in origins.items()
     ]
