@@ -27,6 +27,7 @@ this command) and keeps the runs under ``--runs`` (a finished run is reused when
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import platform
@@ -43,7 +44,7 @@ from _results import ROOT, describe, new_report, write_results  # noqa: E402
 
 # The rows of the paper's comparison, as config keys (docs/design-space.md). G1..G5: the SDPA output, the value,
 # key and query projections' outputs, o_proj's output.
-ARMS = {
+GATE_ARMS = {
     "baseline": {"gate_type": "none"},
     "G1 elementwise": {"gate_type": "elementwise"},
     "G1 headwise": {"gate_type": "headwise"},
@@ -69,16 +70,54 @@ ARMS = {
     "SDPA SiLU": {"gate_type": "none", "attn_output_transform": "silu"},
     "SDPA RMSNorm": {"gate_type": "none", "attn_output_transform": "rmsnorm"},
     "sandwich norm": {"gate_type": "none", "sandwich_norm": True},
-    # Parameter-matched baselines (Table 1 rows 2-3, Table 2). G1 elementwise adds hidden x (heads x head_dim) =
-    # 64 x 64 = 4,096 weights a layer (8,192 in all) at configs/ablation_tiny.json's shape. Two more kv heads (2 -> 4)
-    # add k_proj and v_proj rows, 2 x 64 x (2 x 16) = 4,096 a layer; two more query heads (4 -> 6; 6 divides
-    # by the 2 kv heads) add q_proj rows and o_proj columns, the same 4,096: exactly the gate's 8,192 both.
-    "kv heads": {"gate_type": "none", "num_key_value_heads": 4},
-    "query heads": {"gate_type": "none", "num_attention_heads": 6},
-    # G1 elementwise with the MLP narrowed to the baseline's parameter count: each unit of intermediate_size is
-    # 3 x 64 weights a layer, so 192 -> 171 takes 3 x 64 x 21 = 4,032 a layer off the gate's 4,096 (+128 in all).
-    "FFN narrowed": {"gate_type": "elementwise", "intermediate_size": 171},
 }
+
+
+def parameter_matched_arms(config: dict) -> dict[str, dict]:
+    """The parameter-matched baselines for a base config (the paper's Table 1 rows 2-3 and Table 2): more kv heads,
+    more query heads, each adding about the weights G1 elementwise adds, and G1 elementwise with the MLP narrowed
+    to the baseline's parameter count.
+
+    G1 elementwise adds hidden x (heads x head_dim) weights a layer; one more kv head adds k_proj and v_proj rows,
+    2 x hidden x head_dim, and one more query head q_proj rows and o_proj columns, the same: about heads / 2 more
+    of either, as the paper's 32 -> 48 query heads (kv heads 4 -> 8), among the counts the attention allows (the
+    kv heads divide the query heads). Each unit of intermediate_size is 3 x hidden weights.
+
+    >>> parameter_matched_arms({"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+    ...                         "head_dim": 16, "intermediate_size": 192})  # configs/ablation_tiny.json
+    ... # doctest: +NORMALIZE_WHITESPACE
+    {'kv heads': {'gate_type': 'none', 'num_key_value_heads': 4},
+     'query heads': {'gate_type': 'none', 'num_attention_heads': 6},
+     'FFN narrowed': {'gate_type': 'elementwise', 'intermediate_size': 171}}
+    """
+    hidden, heads, kv = config["hidden_size"], config["num_attention_heads"], config["num_key_value_heads"]
+    head_dim = config.get("head_dim") or hidden // heads
+    gate, head = hidden * heads * head_dim, 2 * hidden * head_dim
+    kv_heads = min(
+        (n for n in range(kv + 1, heads + 1) if heads % n == 0),
+        key=lambda n: abs((n - kv) * head - gate),
+        default=None,
+    )
+    query_heads = min(range(heads + kv, 2 * heads + kv + 1, kv), key=lambda n: abs((n - heads) * head - gate))
+    arms = {} if kv_heads is None else {"kv heads": {"gate_type": "none", "num_key_value_heads": kv_heads}}
+    return {
+        **arms,
+        "query heads": {"gate_type": "none", "num_attention_heads": query_heads},
+        "FFN narrowed": {
+            "gate_type": "elementwise",
+            "intermediate_size": config["intermediate_size"] - round(gate / (3 * hidden)),
+        },
+    }
+
+
+def arm_configs(config: dict) -> dict[str, dict]:
+    """Every arm's config keys for a base config: the gate arms as they are, the parameter-matched ones sized to it."""
+    return {**GATE_ARMS, **parameter_matched_arms(config)}
+
+
+# At configs/ablation_tiny.json's shape G1 elementwise adds 64 x 64 = 4,096 weights a layer; two more kv heads
+# (2 -> 4) or query heads (4 -> 6) add exactly that, and intermediate_size 192 -> 171 takes 4,032 off it.
+ARMS = arm_configs(json.loads((ROOT / "configs" / "ablation_tiny.json").read_text()))
 # The paper's figures (arXiv 2505.06708, the 15B MoE models) for each row, copied from its tables: the average
 # perplexity of Table 1 (baseline 6.026) and Table 4, and the gain over the baseline computed from it (the
 # baseline's average PPL minus the row's: positive is better). None shows as "–" and leaves the row out of the
@@ -119,24 +158,76 @@ PAPER_TABLE4 = {
     "NS-sigmoid": {"mean_gate": 0.653, "first_token_attention": 0.451},
 }
 CORPUS = ROOT / "data" / "stdlib_docstrings"
-CONFIG = ROOT / "configs" / "ablation_tiny.json"
-SEQ_LEN = 128  # the training length; configs/ablation_tiny.json's max_position_embeddings
-BATCH_SIZE = 32
 EXTRAPOLATION = (2, 4)  # perplexity at these multiples of the training length
 SINK_ROWS = 16  # held-out windows for first-token attention, activations and gates
+# cpu: the recorded table's setting (configs/ablation_tiny.json, 164k parameters, 2M tokens a run, about 40 s a run on
+# 2 threads). gpu: a ~100M-parameter Qwen3-shaped model (configs/ablation_100m.json; 97.5M parameters with the
+# 16,384-token vocabulary the preset's tokenizer is trained to) in bf16 autocast, rows of 1,024 tokens, 128 rows
+# (131k tokens) a step, 500M tokens a run (about 3,800 steps), the high-lr run at 10x for 250M; docs/design-space.md
+# gives the hours this takes. Rows are the global batch: each of --nproc-per-node processes takes
+# rows / (processes x micro_batch) accumulation steps of micro_batch rows.
+PRESETS = {
+    "cpu": {
+        "config": ROOT / "configs" / "ablation_tiny.json",
+        "corpus": CORPUS,
+        "seq_len": 128,  # the training length; ablation_tiny.json's max_position_embeddings
+        "rows": 32,
+        "micro_batch": 32,
+        "max_tokens": 2_000_000,
+        "lr": 3e-3,
+        "high_lr": 3e-2,
+        "high_lr_tokens": 1_000_000,
+        "warmup_steps": 50,
+        "vocab_size": 1024,
+        "threads": 2,
+        "precision": None,  # train's default, auto: fp32 on a CPU
+    },
+    "gpu": {
+        "config": ROOT / "configs" / "ablation_100m.json",
+        "corpus": None,  # --corpus: the standard-library docstrings (about 0.6M tokens) are far too few for 100M
+        "seq_len": 1024,
+        "rows": 128,
+        "micro_batch": 32,
+        "max_tokens": 500_000_000,
+        "lr": 1e-3,
+        "high_lr": 1e-2,
+        "high_lr_tokens": 250_000_000,
+        "warmup_steps": 500,
+        "vocab_size": 16384,
+        "threads": None,
+        "precision": "bf16",
+    },
+}
+PRESET_OPTIONS = {  # option: (type, help)
+    "config": (Path, "the base model config the arms' keys are merged into"),
+    "corpus": (Path, "a folder with train.jsonl and heldout.jsonl (as scripts/prepare_corpus.py writes them), or "
+               "with train/ and heldout/ folders of .txt files (one document a file)"),
+    "seq_len": (int, "training length in tokens"),
+    "rows": (int, "rows per optimizer step, all processes together"),
+    "micro_batch": (int, "rows per process and forward pass"),
+    "max_tokens": (int, "training tokens per run"),
+    "lr": (float, "peak learning rate"),
+    "high_lr": (float, "the learning rate of the loss-spike runs"),
+    "high_lr_tokens": (int, "training tokens of the loss-spike runs"),
+    "warmup_steps": (int, "linear warmup steps"),
+    "vocab_size": (int, "the byte-level BPE tokenizer's vocabulary, trained on the corpus"),
+    "threads": (int, "torch CPU threads of each training process"),
+}  # fmt: skip
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--arms", nargs="+", metavar="ARMS", help="arm names, comma-separated (default: every arm)")
     parser.add_argument("--seeds", nargs="+", default=["0,1"], help="seeds, comma-separated (default 0,1)")
-    parser.add_argument("--max-tokens", type=int, default=2_000_000, help="training tokens per run")
-    parser.add_argument("--lr", type=float, default=3e-3)
-    parser.add_argument("--high-lr", type=float, default=3e-2, help="the learning rate of the loss-spike runs")
-    parser.add_argument("--high-lr-tokens", type=int, default=1_000_000)
+    parser.add_argument("--preset", choices=list(PRESETS), default="cpu", help="cpu (default) or gpu: see PRESETS")
+    for name, (kind, text) in PRESET_OPTIONS.items():
+        defaults = ", ".join(f"{preset} {PRESETS[preset][name]}" for preset in PRESETS if PRESETS[preset][name])
+        parser.add_argument(f"--{name.replace('_', '-')}", type=kind, help=f"{text} (preset: {defaults})")
+    parser.add_argument(
+        "--nproc-per-node", type=int, default=1, help="training processes per run, under torchrun (default 1)"
+    )
     parser.add_argument("--runs", type=Path, default=ROOT / "runs" / "ablation")
     parser.add_argument("--results", type=Path, default=ROOT / "results" / "ablation")
-    parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--train-only", action="store_true", help="train the seed runs, measure nothing")
     parser.add_argument(
         "--reuse-recorded",
@@ -146,6 +237,25 @@ def parse_args(argv=None):
         "(arm config, base config, tokens, lr, batch, seed, Python, torch, transformers)",
     )
     args = parser.parse_args(argv)
+    args.precision = PRESETS[args.preset]["precision"]
+    for name in PRESET_OPTIONS:
+        if getattr(args, name) is None:
+            setattr(args, name, PRESETS[args.preset][name])
+    if args.corpus is None:
+        parser.error(f"--preset {args.preset} needs --corpus: a folder of training text (see --help)")
+    if not args.config.is_file():
+        parser.error(
+            f"--config {args.config} does not exist; give a model config.json such as configs/ablation_100m.json"
+        )
+    args.arm_keys = arm_configs(json.loads(args.config.read_text()))
+    for name in ("seq_len", "rows", "micro_batch", "max_tokens", "high_lr_tokens", "vocab_size", "nproc_per_node"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.rows % (args.micro_batch * args.nproc_per_node):
+        parser.error(
+            f"--rows {args.rows} is not a multiple of --micro-batch x --nproc-per-node "
+            f"({args.micro_batch} x {args.nproc_per_node}); choose them so that it is"
+        )
     try:
         args.arms = arm_names(args.arms)
     except ValueError as error:
@@ -155,6 +265,19 @@ def parse_args(argv=None):
     except ValueError:
         parser.error(f"--seeds takes comma-separated integers, not {' '.join(args.seeds)!r}")
     return args
+
+
+def corpus_files(folder: Path) -> tuple[str, list[Path]]:
+    """``--train-file``'s value for a corpus folder (comma-separated files) and its held-out files."""
+    if (folder / "train.jsonl").is_file() and (folder / "heldout.jsonl").is_file():
+        return str(folder / "train.jsonl"), [folder / "heldout.jsonl"]
+    train, heldout = sorted((folder / "train").glob("*.txt")), sorted((folder / "heldout").glob("*.txt"))
+    if train and heldout:
+        return ",".join(map(str, train)), heldout
+    sys.exit(
+        f'no corpus in {folder}: give a folder with train.jsonl and heldout.jsonl (a {{"text": ...}} object a line, '
+        "as scripts/prepare_corpus.py writes them), or with train/ and heldout/ folders of .txt files"
+    )
 
 
 def arm_names(values: list[str] | None) -> list[str]:
@@ -182,40 +305,53 @@ def run_folder(runs: Path, arm: str, name: str) -> Path:
 
 
 def train(args, arm: str, name: str, seed: int, lr: float, max_tokens: int, tokenizer: Path | None) -> dict:
-    """One ``gated-qwen train`` run (reused when finished); its summary.
+    """One ``gated-qwen train`` run (reused when finished), under ``torchrun`` when it has several processes; its
+    summary.
 
-    The arm's gate is its config (``configs/ablation_tiny.json`` plus the arm's keys), as a user writes one."""
+    The arm's gate is its config (``--config`` plus the arm's keys), as a user writes one."""
     out = run_folder(args.runs, arm, name)
     if (out / "summary.json").exists() and (out / "final").is_dir():
         return json.loads((out / "summary.json").read_text())
     config = out.parent / "config.json"
     config.parent.mkdir(parents=True, exist_ok=True)
-    config.write_text(json.dumps({**json.loads(CONFIG.read_text()), **ARMS[arm]}, indent=2) + "\n")
+    config.write_text(json.dumps({**json.loads(args.config.read_text()), **args.arm_keys[arm]}, indent=2) + "\n")
+    train_file, heldout_files = corpus_files(args.corpus)
+    accumulation = args.rows // (args.micro_batch * args.nproc_per_node)
+    launcher = [sys.executable, "-m", "gated_qwen"]
+    if args.nproc_per_node > 1:
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                    f"--nproc-per-node={args.nproc_per_node}", "-m", "gated_qwen"]  # fmt: skip
     command = [
-        sys.executable, "-m", "gated_qwen", "train",
-        "--train-file", str(CORPUS / "train.jsonl"), "--heldout-file", str(CORPUS / "heldout.jsonl"),
-        "--config", str(config), "--gate", ARMS[arm]["gate_type"],
-        "--seq-len", str(SEQ_LEN), "--batch-size", str(BATCH_SIZE), "--max-tokens", str(max_tokens),
-        "--lr", str(lr), "--warmup-steps", "50", "--eval-every", "1000000", "--save-every", "1000000",
-        "--seed", str(seed), "--threads", str(args.threads), "--no-progress", "--overwrite", "--out", str(out),
+        *launcher, "train",
+        "--train-file", train_file, "--heldout-file", ",".join(map(str, heldout_files)),
+        "--config", str(config), "--gate", args.arm_keys[arm]["gate_type"],
+        "--seq-len", str(args.seq_len), "--batch-size", str(args.micro_batch), "--max-tokens", str(max_tokens),
+        "--lr", str(lr), "--warmup-steps", str(args.warmup_steps), "--eval-every", "1000000",
+        "--save-every", "1000000", "--seed", str(seed), "--no-progress", "--overwrite", "--out", str(out),
     ]  # fmt: skip
-    command += ["--tokenizer", str(tokenizer)] if tokenizer else ["--vocab-size", "1024"]
+    command += ["--threads", str(args.threads)] if args.threads else []
+    command += ["--gradient-accumulation-steps", str(accumulation)] if accumulation > 1 else []
+    command += ["--precision", args.precision] if args.precision else []
+    command += ["--tokenizer", str(tokenizer)] if tokenizer else ["--vocab-size", str(args.vocab_size)]
     print(f"[ablation] {arm} {name}: training", file=sys.stderr, flush=True)
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
     return json.loads((out / "summary.json").read_text())
 
 
-def heldout_stream(tokenizer) -> torch.Tensor:  # noqa: F821
+def heldout_stream(tokenizer, corpus: Path) -> torch.Tensor:  # noqa: F821
+    """The held-out documents' tokens, each followed by the end-of-text token, in one stream."""
     import torch
 
     ids = []
-    for line in (CORPUS / "heldout.jsonl").read_text().splitlines():
-        ids += tokenizer(json.loads(line)["text"])["input_ids"] + [tokenizer.eos_token_id]
+    for path in corpus_files(corpus)[1]:
+        texts = [json.loads(line)["text"] for line in path.read_text().splitlines() if line.strip()]
+        for text in texts if path.suffix == ".jsonl" else [path.read_text()]:
+            ids += tokenizer(text)["input_ids"] + [tokenizer.eos_token_id]
     return torch.tensor(ids)
 
 
-def measure(folder: Path, stream) -> dict:
-    """The columns of one trained model (its ``final/``)."""
+def measure(folder: Path, stream, seq_len: int) -> dict:
+    """The columns of one trained model (its ``final/``), on the GPU where there is one (in float32)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -226,17 +362,18 @@ def measure(folder: Path, stream) -> dict:
     def perplexities(model, lengths):
         return {r.length: r.perplexity for r in perplexity_by_context_length(model, stream, lengths, batch_size=8)}
 
-    model = AutoModelForCausalLM.from_pretrained(folder).eval()
-    plain = perplexities(model, [SEQ_LEN, *(SEQ_LEN * k for k in EXTRAPOLATION)])
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = AutoModelForCausalLM.from_pretrained(folder).to(device).eval()
+    plain = perplexities(model, [seq_len, *(seq_len * k for k in EXTRAPOLATION)])
     row = {
         "parameters": sum(p.numel() for p in model.parameters()),
-        "heldout_loss": math.log(plain[SEQ_LEN]),
-        **{f"ppl_{k}x": plain[SEQ_LEN * k] for k in EXTRAPOLATION},
+        "heldout_loss": math.log(plain[seq_len]),
+        **{f"ppl_{k}x": plain[seq_len * k] for k in EXTRAPOLATION},
     }
     for k in EXTRAPOLATION:  # YaRN with the factor that stretches the training length to the measured one
-        scaled = apply_rope_scaling(AutoModelForCausalLM.from_pretrained(folder).eval(), "yarn", float(k))
-        row[f"ppl_{k}x_yarn"] = perplexities(scaled, [SEQ_LEN * k])[SEQ_LEN * k]
-    windows = stream[: SINK_ROWS * SEQ_LEN].view(SINK_ROWS, SEQ_LEN)
+        scaled = apply_rope_scaling(AutoModelForCausalLM.from_pretrained(folder).to(device).eval(), "yarn", float(k))
+        row[f"ppl_{k}x_yarn"] = perplexities(scaled, [seq_len * k])[seq_len * k]
+    windows = stream[: SINK_ROWS * seq_len].view(SINK_ROWS, seq_len).to(device)
     with torch.no_grad():
         row["first_token_attention"] = attention_sink(model, windows, skip_first=1).mean().item()
         row["largest_activation"] = max(layer["max_abs"] for layer in massive_activations(model, windows))
@@ -330,20 +467,40 @@ def correlation_with_paper(rows: dict[str, dict]) -> tuple[float | None, str]:
     )
 
 
+def corpus_identity(corpus: Path) -> str:
+    """What the corpus is, for :func:`run_settings`: the standard-library docstrings of this Python (they depend on
+    nothing else: scripts/prepare_corpus.py), or the SHA-256 of the corpus files' contents."""
+    if corpus.resolve() == CORPUS.resolve():
+        return f"stdlib docstrings, Python {platform.python_version()}"
+    train_file, heldout_files = corpus_files(corpus)
+    digest = hashlib.sha256()
+    for path in [*train_file.split(","), *heldout_files]:
+        with open(path, "rb") as file:
+            for block in iter(lambda: file.read(1 << 20), b""):
+                digest.update(block)
+    return "sha256 " + digest.hexdigest()
+
+
 def run_settings(args, high_lr: bool = False) -> dict:
     """Everything besides the arm's keys and the seed that decides a run's figures here: the base config, the
-    schedule, and the versions the corpus (Python's standard library) and the arithmetic come from. Not the
-    threads: the baseline's seed 0 trained on 1 thread gave the figures of its 2-thread recording to the last
-    digit (and every invocation that reuses and trains checks that again, :func:`check_reproduction`)."""
+    corpus, the schedule and batch, the processes, and the versions the arithmetic comes from. Not the threads: the
+    baseline's seed 0 trained on 1 thread gave the figures of its 2-thread recording to the last digit (and every
+    invocation that reuses and trains checks that again, :func:`check_reproduction`)."""
     from _results import package_versions
 
     versions = package_versions()
     return {
-        "config": json.loads(CONFIG.read_text()),
-        "seq_len": SEQ_LEN,
-        "batch_size": BATCH_SIZE,
+        "config": json.loads(args.config.read_text()),
+        "corpus": corpus_identity(args.corpus),
+        "seq_len": args.seq_len,
+        "batch_size": args.rows,
+        "micro_batch": args.micro_batch,
+        "processes": args.nproc_per_node,
         "max_tokens": args.high_lr_tokens if high_lr else args.max_tokens,
         "lr": args.high_lr if high_lr else args.lr,
+        "warmup_steps": args.warmup_steps,
+        "vocab_size": args.vocab_size,
+        "precision": args.precision,
         "python": platform.python_version(),
         "torch": versions["torch"],
         "transformers": versions["transformers"],
@@ -351,14 +508,22 @@ def run_settings(args, high_lr: bool = False) -> dict:
 
 
 def recorded_settings(recording: dict, high_lr: bool = False) -> dict:
-    """:func:`run_settings` as a results.json records them."""
+    """:func:`run_settings` as a results.json records them; a recording from before a key existed ran with the
+    cpu preset's value, the only one then (the standard-library corpus, 1 process, 50 warmup steps, ...)."""
+    python = recording["machine"]["python"]
     return {
         "config": recording["config"],
+        "corpus": recording.get("corpus", f"stdlib docstrings, Python {python}"),
         "seq_len": recording["seq_len"],
         "batch_size": recording["batch_size"],
+        "micro_batch": recording.get("micro_batch", recording["batch_size"]),
+        "processes": recording.get("processes", 1),
         "max_tokens": recording["high_lr_tokens" if high_lr else "max_tokens"],
         "lr": recording["high_lr" if high_lr else "lr"],
-        "python": recording["machine"]["python"],
+        "warmup_steps": recording.get("warmup_steps", 50),
+        "vocab_size": recording.get("vocab_size", 1024),
+        "precision": recording.get("precision"),
+        "python": python,
         "torch": recording["versions"]["torch"],
         "transformers": recording["versions"]["transformers"],
     }
@@ -385,7 +550,7 @@ def reusable_runs(path: Path | None, args) -> dict:
             print(f"[ablation] not reusing {path}'s {kind}: {'; '.join(differences)}", file=sys.stderr, flush=True)
             continue
         for arm in args.arms_run:
-            recorded = next((row for row in recording["arms"].values() if row["config"] == ARMS[arm]), None)
+            recorded = next((row for row in recording["arms"].values() if row["config"] == args.arm_keys[arm]), None)
             if recorded is None:
                 continue
             if high_lr and "high_lr" in recorded:
@@ -460,16 +625,19 @@ def measure_all(args, arms: list[str], reusable: dict, summaries: dict, tokenize
     if tokenizer_folder is not None:
         from transformers import AutoTokenizer
 
-        stream = heldout_stream(AutoTokenizer.from_pretrained(tokenizer_folder))
+        stream = heldout_stream(AutoTokenizer.from_pretrained(tokenizer_folder), args.corpus)
     rows: dict[str, dict] = {}
     check = None
     for arm in arms:
-        rows[arm] = {"config": ARMS[arm], "seeds": {}}
+        rows[arm] = {"config": args.arm_keys[arm], "seeds": {}}
         for seed in args.seeds:
             if (arm, seed) in summaries:
                 print(f"[ablation] {arm} seed {seed}: measuring", file=sys.stderr, flush=True)
                 folder = run_folder(args.runs, arm, f"seed{seed}") / "final"
-                measured = {**measure(folder, stream), "elapsed_s": summaries[arm, seed].get("elapsed_s")}
+                measured = {
+                    **measure(folder, stream, args.seq_len),
+                    "elapsed_s": summaries[arm, seed].get("elapsed_s"),
+                }
                 if (arm, seed) in reusable:  # the baseline's first seed, trained for its tokenizer
                     check = check_reproduction(measured, reusable[arm, seed])
                     measured = reusable[arm, seed]
@@ -491,8 +659,9 @@ def measure_all(args, arms: list[str], reusable: dict, summaries: dict, tokenize
 
 def main():
     args = parse_args()
-    if not (CORPUS / "train.jsonl").exists():
+    if args.corpus.resolve() == CORPUS.resolve() and not (CORPUS / "train.jsonl").exists():
         sys.exit("no corpus: run `python scripts/prepare_corpus.py` first (it writes data/stdlib_docstrings/)")
+    corpus_files(args.corpus)  # a corpus it cannot read is refused before anything runs
     import gated_qwen  # noqa: F401  (the Auto classes)
 
     arms = ["baseline", *[arm for arm in args.arms if arm != "baseline"]]  # the baseline first: its tokenizer
@@ -513,9 +682,16 @@ def main():
     markdown += "\n\n" + correlation_line
     report = new_report(
         "ablation",
-        config=json.loads(CONFIG.read_text()),
-        seq_len=SEQ_LEN,
-        batch_size=BATCH_SIZE,
+        preset=args.preset,
+        config=json.loads(args.config.read_text()),
+        corpus=corpus_identity(args.corpus),
+        seq_len=args.seq_len,
+        batch_size=args.rows,
+        micro_batch=args.micro_batch,
+        processes=args.nproc_per_node,
+        warmup_steps=args.warmup_steps,
+        vocab_size=args.vocab_size,
+        precision=args.precision,
         max_tokens=args.max_tokens,
         lr=args.lr,
         high_lr=args.high_lr,
@@ -532,7 +708,7 @@ def main():
     )
     scale = (
         f"Scale: {rows['baseline']['seeds'][args.seeds[0]]['parameters']:,} parameters (baseline), "
-        f"{args.max_tokens:,} training tokens per run, rows of {SEQ_LEN} tokens, {len(args.seeds)} seeds; "
+        f"{args.max_tokens:,} training tokens per run, rows of {args.seq_len} tokens, {len(args.seeds)} seeds; "
         f"loss spikes from one run per arm at learning rate {args.high_lr} ({args.high_lr_tokens:,} tokens)."
     )
     provenance = provenance_line(rows, args.seeds, check)
