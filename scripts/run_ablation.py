@@ -344,9 +344,13 @@ def heldout_stream(tokenizer, corpus: Path) -> torch.Tensor:  # noqa: F821
 
     ids = []
     for path in corpus_files(corpus)[1]:
-        texts = [json.loads(line)["text"] for line in path.read_text().splitlines() if line.strip()]
-        for text in texts if path.suffix == ".jsonl" else [path.read_text()]:
-            ids += tokenizer(text)["input_ids"] + [tokenizer.eos_token_id]
+        text = path.read_text()
+        if path.suffix == ".jsonl":
+            documents = [json.loads(line)["text"] for line in text.splitlines() if line.strip()]
+        else:
+            documents = [text]
+        for document in documents:
+            ids += tokenizer(document)["input_ids"] + [tokenizer.eos_token_id]
     return torch.tensor(ids)
 
 
