@@ -2,13 +2,14 @@
 
 Each arm is a ``gated-qwen train`` run from scratch on the standard-library docstring corpus
 (``scripts/prepare_corpus.py``), with the architecture of ``configs/ablation_tiny.json``, the same tokenizer,
-data order, learning-rate schedule and token budget; the arms differ only in the gate keys of their config
-(``gate_type``, ``gate_position``, ``gate_shared_across_heads``, ``gate_activation``, ``gate_combination``).
-Every arm trains once per seed, and once more at a high learning rate (seed 0) for its loss spikes. Then each
-model is measured on the held-out split:
+data order, learning-rate schedule and token budget; the arms differ only in the keys of their config: the gate
+keys (``gate_type``, ``gate_position``, ``gate_shared_across_heads``, ``gate_activation``, ``gate_combination``,
+``gate_input``), the ungated rows (``attn_output_transform``, ``sandwich_norm``), and the head counts or MLP width
+of the parameter-matched baselines (:func:`parameter_matched_arms`). Every arm trains once per seed, and once
+more at a high learning rate (seed 0) for its loss spikes. Then each model is measured on the held-out split:
 
 - held-out loss: mean next-token loss over non-overlapping windows of the training length;
-- parameters the gate adds; first-token attention (mean over layers and heads, queries after the first);
+- parameters the arm adds; first-token attention (mean over layers and heads, queries after the first);
   largest activation (the largest |hidden state| of any layer's output); mean gate and share of gate scores
   below 0.5 (:mod:`gated_qwen.tools.analysis`);
 - loss spikes at the high learning rate (``train``'s summary: a logged loss above 1.5x the median of the
@@ -16,10 +17,17 @@ model is measured on the held-out split:
 - perplexity at 2x and 4x the training length, beyond ``max_position_embeddings``, without and with YaRN
   (factor 2 and 4; :mod:`gated_qwen.tools.analysis.extrapolation`).
 
-Writes ``results/ablation/results.{json,md}`` (every run's numbers, the table, the machine, the versions and
-this command) and keeps the runs under ``--runs`` (a finished run is reused when the script is run again).
+Writes ``results/ablation/results.{json,md}`` (every run's numbers, the table with the paper's figures beside
+them, the machine, the versions and this command) and keeps the runs under ``--runs`` (a finished run is reused
+when the script is run again). ``--reuse-recorded results/ablation/results.json`` takes a run's figures from an
+earlier recording where everything that decides them is identical (:func:`reusable_runs`). ``--preset gpu`` runs
+the same arms at about 100M parameters in bf16 under ``torchrun`` on the user's corpus (``PRESETS``;
+docs/design-space.md gives its budget).
 
-    python scripts/prepare_corpus.py && python scripts/run_ablation.py        # about 35 minutes on 2 CPU threads
+    python scripts/prepare_corpus.py && python scripts/run_ablation.py        # about 75 minutes on 2 CPU threads
+    python scripts/run_ablation.py --reuse-recorded results/ablation/results.json   # only what is not recorded
+    python scripts/run_ablation.py --preset gpu --corpus DIR --nproc-per-node 8 --runs runs/ablation_gpu \\
+        --results results/ablation_gpu
     python scripts/run_ablation.py --arms baseline "G1 elementwise" --seeds 0 --max-tokens 200000 \\
         --runs /tmp/ablation --results /tmp/ablation-results                     # a quick look
 """
