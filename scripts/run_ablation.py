@@ -24,7 +24,7 @@ earlier recording where everything that decides them is identical (:func:`reusab
 the same arms at about 100M parameters in bf16 under ``torchrun`` on the user's corpus (``PRESETS``;
 docs/design-space.md gives its budget).
 
-    python scripts/prepare_corpus.py && python scripts/run_ablation.py        # about 75 minutes on 2 CPU threads
+    python scripts/prepare_corpus.py && python scripts/run_ablation.py        # about an hour on 2 CPU threads
     python scripts/run_ablation.py --reuse-recorded results/ablation/results.json   # only what is not recorded
     python scripts/run_ablation.py --preset gpu --corpus DIR --nproc-per-node 8 --runs runs/ablation_gpu \\
         --results results/ablation_gpu
