@@ -6,10 +6,17 @@ heads (head dim 64), ``--layers`` layers. All engines run in this one process at
 it by default (compiled; ``--eager`` for eager mode), and the rounds interleave them (each round in a rotated
 order), so that a machine shared with other work slows every model alike: the ratios to stock are what counts.
 
-Each round and model times two greedy runs of the same 32 prompts of 128 random token ids: one token (prefill)
-and ``--new-tokens`` tokens. ``output_tokens_per_s`` is prompts x new tokens over the long run's seconds;
-``ms_per_output_token`` the time of one decode step (the longer run less the one-token run, over the extra
-tokens): what each request waits per token once its prompt is in. Medians over the rounds.
+Each round and model runs the same 32 prompts of 128 random token ids to ``--new-tokens`` greedy tokens, stepping
+vLLM's engine itself and timing every step. ``output_tokens_per_s`` is prompts x new tokens over the run's seconds
+(prefill included); ``ms_per_output_token`` the median time of a decode step (a step begun once every prompt has its
+first token: one new token for each of them), what each request waits per token once its prompt is in; the median
+of the steps' CPU time (the process's, ``cpu_ms_per_output_token``) beside it, which another program on the machine
+inflates far less than the wall clock. Decode steps are pooled over the rounds; tokens/s is the best round's.
+
+Threads: the engines run in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), where vLLM binds no OpenMP threads
+(``VLLM_CPU_OMP_THREADS_BIND`` applies to the worker processes it starts, not here); the script sets the thread
+count itself (``--threads``, default 1: on a machine shared with other work, every multi-threaded kernel waits for
+its slowest thread, and a descheduled thread stalls each kernel for a whole time slice) and records it.
 
 The parameter floor of a gated model is the stock model's matmul weights (every linear layer and the LM head)
 over its own: the speed it would have if time were proportional to the weights each token multiplies by.
@@ -24,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import json
 import os
 import statistics
@@ -131,36 +139,70 @@ def built_class(model) -> str:
     return type(model).__name__
 
 
-def timed_generate(llm, prompts: list[list[int]], new_tokens: int) -> float:
+def warm_up(llm, prompts: list[list[int]], new_tokens: int) -> None:
     from vllm import SamplingParams
 
     parameters = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True, detokenize=False)
+    llm.generate([{"prompt_token_ids": ids} for ids in prompts], parameters, use_tqdm=False)
+
+
+_request_ids = itertools.count()
+
+
+def timed_run(llm, prompts: list[list[int]], new_tokens: int) -> dict:
+    """One greedy run of every prompt, the engine stepped here: the run's seconds and each decode step's wall and CPU
+    milliseconds (a decode step: one begun once every prompt has its first token)."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    engine = llm.llm_engine
+    parameters = SamplingParams(
+        temperature=0.0,
+        max_tokens=new_tokens,
+        ignore_eos=True,
+        detokenize=False,
+        output_kind=RequestOutputKind.DELTA,  # each step's new tokens
+    )
+    for ids in prompts:
+        engine.add_request(f"bench-{next(_request_ids)}", {"prompt_token_ids": ids}, parameters)
+    tokens: dict[str, int] = {}
+    step_ms, step_cpu_ms = [], []
     start = time.perf_counter()
-    outputs = llm.generate([{"prompt_token_ids": ids} for ids in prompts], parameters, use_tqdm=False)
+    while engine.has_unfinished_requests():
+        decoding = len(tokens) == len(prompts)
+        step_start, cpu_start = time.perf_counter(), time.process_time()
+        outputs = engine.step()
+        if decoding:
+            step_ms.append(1000 * (time.perf_counter() - step_start))
+            step_cpu_ms.append(1000 * (time.process_time() - cpu_start))
+        for output in outputs:
+            if output.outputs[0].token_ids:
+                tokens[output.request_id] = tokens.get(output.request_id, 0) + len(output.outputs[0].token_ids)
     seconds = time.perf_counter() - start
-    assert all(len(output.outputs[0].token_ids) == new_tokens for output in outputs)
-    return seconds
+    assert sorted(tokens.values()) == [new_tokens] * len(prompts), "a prompt did not get all its tokens"
+    return {"seconds": seconds, "step_ms": step_ms, "step_cpu_ms": step_cpu_ms}
 
 
-def measure(engines: dict, prompts: list[list[int]], new_tokens: int, rounds: int) -> dict[str, list[tuple]]:
-    """``rounds`` interleaved rounds (the order rotated each round): per model, (one-token s, long-run s)."""
+def measure(engines: dict, prompts: list[list[int]], new_tokens: int, rounds: int) -> dict[str, list[dict]]:
+    """``rounds`` interleaved rounds (the order rotated each round): per model, one :func:`timed_run` a round."""
     names = list(engines)
-    times = {name: [] for name in names}
+    runs = {name: [] for name in names}
     for round_index in range(rounds):
         shift = round_index % len(names)
         for name in names[shift:] + names[:shift]:
-            short = timed_generate(engines[name], prompts, 1)
-            long = timed_generate(engines[name], prompts, new_tokens)
-            times[name].append((short, long))
+            runs[name].append(timed_run(engines[name], prompts, new_tokens))
         print(f"round {round_index + 1}/{rounds} done", file=sys.stderr, flush=True)
-    return times
+    return runs
 
 
-def summarise(times, folders, built, prompts, new_tokens) -> list[dict]:
+def median_step(runs: list[dict], key: str = "step_ms") -> float:
+    return statistics.median(ms for run in runs for ms in run[key])
+
+
+def summarise(runs, folders, built, prompts, new_tokens) -> list[dict]:
     rows = []
-    for name, pairs in times.items():
-        tokens_per_s = [len(prompts) * new_tokens / long for _, long in pairs]
-        step_ms = [1000 * (long - short) / (new_tokens - 1) for short, long in pairs]
+    for name, model_runs in runs.items():
+        tokens_per_s = [len(prompts) * new_tokens / run["seconds"] for run in model_runs]
         rows.append(
             {
                 "model": name,
@@ -168,72 +210,87 @@ def summarise(times, folders, built, prompts, new_tokens) -> list[dict]:
                 "built": built[name],
                 # the best round: the one the machine's other work disturbed least (as timeit reports)
                 "output_tokens_per_s": round(max(tokens_per_s), 2),
-                "ms_per_output_token": round(min(step_ms), 2),
+                # the median decode step, over every round's
+                "ms_per_output_token": round(median_step(model_runs), 3),
+                "cpu_ms_per_output_token": round(median_step(model_runs, "step_cpu_ms"), 3),
                 "median_output_tokens_per_s": round(statistics.median(tokens_per_s), 2),
-                "median_ms_per_output_token": round(statistics.median(step_ms), 2),
                 "matmul_parameters": matmul_parameters(folders[name]),
-                "rounds": [{"one_token_s": round(s, 3), "long_s": round(lg, 3)} for s, lg in pairs],
+                "rounds": [
+                    {
+                        "seconds": round(run["seconds"], 3),
+                        "decode_steps": len(run["step_ms"]),
+                        "median_step_ms": round(statistics.median(run["step_ms"]), 3),
+                        "median_step_cpu_ms": round(statistics.median(run["step_cpu_ms"]), 3),
+                    }
+                    for run in model_runs
+                ],
             }
         )
     by_name = {row["model"]: row for row in rows}
     for row in rows:
         stock = MODELS[row["model"]][1]
-        if stock is None or stock not in by_name:
-            continue
-        base = by_name[stock]
-        # Headline: the best round of each over the best of stock. Beside it, the median over the rounds of the ratio
-        # within each round (the two runs minutes apart), which the load's drift from round to round divides out of.
-        speed = [b["long_s"] / r["long_s"] for r, b in zip(row["rounds"], base["rounds"])]
-        step = [
-            (r["long_s"] - r["one_token_s"]) / (b["long_s"] - b["one_token_s"])
-            for r, b in zip(row["rounds"], base["rounds"])
-        ]
-        row.update(
-            compared_with=stock,
-            tokens_per_s_ratio=round(row["output_tokens_per_s"] / base["output_tokens_per_s"], 3),
-            ms_per_output_token_ratio=round(row["ms_per_output_token"] / base["ms_per_output_token"], 3),
-            parameter_floor=round(base["matmul_parameters"] / row["matmul_parameters"], 3),
-            median_tokens_per_s_ratio_by_round=round(statistics.median(speed), 3),
-            median_ms_per_output_token_ratio_by_round=round(statistics.median(step), 3),
-            tokens_per_s_ratio_by_round=[round(ratio, 3) for ratio in speed],
-            ms_per_output_token_ratio_by_round=[round(ratio, 3) for ratio in step],
-        )
+        if stock is not None and stock in by_name:
+            row.update(compare(row, by_name[stock]))
     return rows
+
+
+def compare(row: dict, base: dict) -> dict:
+    """A gated row's ratios to its stock model's: the headline figures', and the same within each round."""
+    speed = [b["seconds"] / r["seconds"] for r, b in zip(row["rounds"], base["rounds"])]
+    step = [r["median_step_ms"] / b["median_step_ms"] for r, b in zip(row["rounds"], base["rounds"])]
+    return {
+        "compared_with": base["model"],
+        "tokens_per_s_ratio": round(row["output_tokens_per_s"] / base["output_tokens_per_s"], 3),
+        "ms_per_output_token_ratio": round(row["ms_per_output_token"] / base["ms_per_output_token"], 3),
+        "cpu_ms_per_output_token_ratio": round(row["cpu_ms_per_output_token"] / base["cpu_ms_per_output_token"], 3),
+        "parameter_floor": round(base["matmul_parameters"] / row["matmul_parameters"], 3),
+        "tokens_per_s_ratio_by_round": [round(ratio, 3) for ratio in speed],
+        "ms_per_output_token_ratio_by_round": [round(ratio, 3) for ratio in step],
+    }
 
 
 def markdown(report: dict) -> str:
     lines = [
         f"vLLM serving, side by side: {report['prompts']} prompts x {report['prompt_tokens']} tokens -> "
         f"{report['new_tokens']} new tokens, greedy, {report['dtype']}, "
-        f"{'eager' if report['eager'] else 'compiled (vLLM default)'}; hidden 1024, 16/8 heads (head dim 64), "
-        f"{report['layers']} layers, vocab {report['vocab_size']}; MoE: {MOE['num_experts']} experts, "
-        f"{MOE['num_experts_per_tok']} per token, width {MOE['moe_intermediate_size']}. The best of "
-        f"{report['rounds']} interleaved rounds (the round the machine's other work disturbed least); ratios are to "
-        "the stock model of the same family, best to best (the median of the ratios within each round, and every "
-        "round, are in results.json). Parameter floor: the stock "
-        "model's matmul weights (every linear layer and the LM head; an MoE's experts as many as a token uses) over "
-        "the model's own, the tokens/s ratio if time were proportional to them.",
+        f"{'eager' if report['eager'] else 'compiled (vLLM default)'}, {report['threads']} thread(s); hidden 1024, "
+        f"16/8 heads (head dim 64), {report['layers']} layers, vocab {report['vocab_size']}; MoE: "
+        f"{MOE['num_experts']} experts, {MOE['num_experts_per_tok']} per token, width {MOE['moe_intermediate_size']}. "
+        f"{report['rounds']} interleaved rounds. Output tokens/s: the best round's (the one the machine's other work "
+        "disturbed least), prefill included. ms / output token: the median decode step (one new token for each of "
+        "the prompts) over every round's; the range of the same ratio within each round beside it, and the ratio of "
+        "the steps' CPU time, which other work on the machine inflates less (every round is in results.json). "
+        "Ratios are to the stock model of the same family. Parameter floor: the stock model's matmul weights (every "
+        "linear layer and the LM head; an MoE's experts as many as a token uses) over the model's own, the tokens/s "
+        "ratio if time were proportional to them.",
         "",
         "| model | vLLM built | output tokens/s | ms / output token | tokens/s vs stock | ms/token vs stock "
-        "| parameter floor |",
-        "|---|---|---|---|---|---|---|",
+        "| (rounds) | CPU ms/token vs stock | parameter floor |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for row in report["rows"]:
-        ratio = (
-            (
+        ratio = ("-",) * 5
+        if "compared_with" in row:
+            by_round = row["ms_per_output_token_ratio_by_round"]
+            ratio = (
                 f"{row['tokens_per_s_ratio']:.3f}x",
                 f"{row['ms_per_output_token_ratio']:.3f}x",
+                f"{min(by_round):.3f}-{max(by_round):.3f}x",
+                f"{row['cpu_ms_per_output_token_ratio']:.3f}x",
                 f"{row['parameter_floor']:.3f}x",
             )
-            if "compared_with" in row
-            else ("-", "-", "-")
-        )
         lines.append(
             f"| {row['model']} | `{row['built']}` | {row['output_tokens_per_s']:.1f} | "
-            f"{row['ms_per_output_token']:.1f} | {' | '.join(ratio)} |"
+            f"{row['ms_per_output_token']:.2f} | {' | '.join(ratio)} |"
         )
     lines += ["", report["device_note"], "", describe(report), ""]
     return "\n".join(lines)
+
+
+def engine_threads(model) -> int:
+    import torch
+
+    return torch.get_num_threads()
 
 
 def main(argv=None) -> int:
@@ -244,7 +301,10 @@ def main(argv=None) -> int:
     parser.add_argument("--intermediate-size", type=int, default=3072, help="dense MLP width (default 3072)")
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--prompt-tokens", type=int, default=128)
-    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument(
+        "--threads", type=int, default=1, help="OpenMP threads of the engines (this process's; default 1)"
+    )
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--eager", action="store_true", help="vLLM's eager mode instead of its default compilation")
     parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
@@ -255,10 +315,14 @@ def main(argv=None) -> int:
     if args.quick:
         args.layers, args.rounds, args.new_tokens = 2, 1, 8
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # every engine in this process
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)  # before torch starts its thread pool
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
 
     import random
 
+    import torch
+
+    torch.set_num_threads(args.threads)  # before any engine: vLLM's CPU worker refuses it afterwards
     with tempfile.TemporaryDirectory(prefix="bench_serving-") as scratch:
         # checkpoints first: gated-qwen's classes are built before any engine exists in this process
         folders = write_models(Path(scratch), args.layers, args.vocab_size, args.intermediate_size)
@@ -275,11 +339,12 @@ def main(argv=None) -> int:
                 folders[name], args.dtype, args.eager, args.prompt_tokens + args.new_tokens, args.kv_cache_mib
             )
             built[name] = engines[name].apply_model(built_class)[0]
-            timed_generate(engines[name], prompts, args.new_tokens)  # warm-up (and compilation)
+            warm_up(engines[name], prompts, args.new_tokens)  # (and compilation)
             print(f"{name}: {built[name]} ready in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
         engines = {name: engines[name] for name in args.models}
-        times = measure(engines, prompts, args.new_tokens, args.rounds)
-        rows = summarise(times, folders, built, prompts, args.new_tokens)
+        threads = sorted({engines[name].apply_model(engine_threads)[0] for name in engines})
+        runs = measure(engines, prompts, args.new_tokens, args.rounds)
+        rows = summarise(runs, folders, built, prompts, args.new_tokens)
         for engine in engines.values():
             engine.llm_engine.engine_core.shutdown()
         del engines
@@ -295,6 +360,8 @@ def main(argv=None) -> int:
         new_tokens=args.new_tokens,
         dtype=args.dtype,
         eager=args.eager,
+        threads=threads[0] if len(threads) == 1 else threads,
+        cpu_affinity=sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         rounds=args.rounds,
         rows=rows,
         device_note="CPU only: no GPU was lent to the session that measured this, so there are no CUDA-graph figures.",
@@ -306,14 +373,15 @@ def main(argv=None) -> int:
     )
     for row in rows:
         ratios = (
-            f"  tokens/s {row['tokens_per_s_ratio']:.3f}x  ms/token {row['ms_per_output_token_ratio']:.3f}x  "
-            f"floor {row['parameter_floor']:.3f}x"
+            f"  tokens/s {row['tokens_per_s_ratio']:.3f}x  ms/token {row['ms_per_output_token_ratio']:.3f}x "
+            f"(rounds {', '.join(f'{r:.3f}' for r in row['ms_per_output_token_ratio_by_round'])})  "
+            f"cpu {row['cpu_ms_per_output_token_ratio']:.3f}x  floor {row['parameter_floor']:.3f}x"
             if "compared_with" in row
             else ""
         )
         print(
             f"{row['model']:22} {row['built']:28} {row['output_tokens_per_s']:8.1f} tok/s "
-            f"{row['ms_per_output_token']:7.1f} ms/token{ratios}"
+            f"{row['ms_per_output_token']:7.2f} ms/token{ratios}"
         )
     if not args.quick:
         write_results(args.output, report, markdown(report))
