@@ -3,12 +3,14 @@
 Every model has the same shapes and the same random weights where they share them (a gated model is the stock
 one converted with random gate rows; an export is the gated model exported): hidden 1024, 16 query heads on 8 kv
 heads (head dim 64), ``--layers`` layers. All engines run in this one process at once, each built as vLLM builds
-it by default (compiled; ``--eager`` for eager mode), and the rounds interleave them (each round in a rotated
-order), so that a machine shared with other work slows every model alike: the ratios to stock are what counts.
+it by default (compiled; ``--eager`` for eager mode), and their runs interleave step by step (each round in a
+rotated order), so that a machine shared with other work slows every model alike: the ratios to stock are what
+counts.
 
-Each round and model runs the same 32 prompts of 128 random token ids to ``--new-tokens`` greedy tokens, stepping
-vLLM's engine itself and timing every step. ``output_tokens_per_s`` is prompts x new tokens over the run's seconds
-(prefill included); ``ms_per_output_token`` the median time of a decode step (a step begun once every prompt has its
+Each round, every model runs the same 32 prompts of 128 random token ids to ``--new-tokens`` greedy tokens, the
+script stepping vLLM's engines itself, one step of each model in turn, and timing every step: each model's steps meet
+the same load. ``output_tokens_per_s`` is prompts x new tokens over the seconds of the model's own steps (prefill
+included); ``ms_per_output_token`` the median time of a decode step (a step begun once every prompt has its
 first token: one new token for each of them), what each request waits per token once its prompt is in; the median
 of the steps' CPU time (the process's, ``cpu_ms_per_output_token``) beside it, which another program on the machine
 inflates far less than the wall clock. Decode steps are pooled over the rounds; tokens/s is the best round's.
@@ -149,9 +151,10 @@ def warm_up(llm, prompts: list[list[int]], new_tokens: int) -> None:
 _request_ids = itertools.count()
 
 
-def timed_run(llm, prompts: list[list[int]], new_tokens: int) -> dict:
-    """One greedy run of every prompt, the engine stepped here: the run's seconds and each decode step's wall and CPU
-    milliseconds (a decode step: one begun once every prompt has its first token)."""
+def stepped_run(llm, prompts: list[list[int]], new_tokens: int):
+    """One greedy run of every prompt, the engine stepped here, one step per ``next()``; returns (as the generator's
+    value) the seconds of its steps and each decode step's wall and CPU milliseconds (a decode step: one begun once
+    every prompt has its first token)."""
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
@@ -166,31 +169,39 @@ def timed_run(llm, prompts: list[list[int]], new_tokens: int) -> dict:
     for ids in prompts:
         engine.add_request(f"bench-{next(_request_ids)}", {"prompt_token_ids": ids}, parameters)
     tokens: dict[str, int] = {}
-    step_ms, step_cpu_ms = [], []
-    start = time.perf_counter()
+    seconds, step_ms, step_cpu_ms = 0.0, [], []
     while engine.has_unfinished_requests():
         decoding = len(tokens) == len(prompts)
         step_start, cpu_start = time.perf_counter(), time.process_time()
         outputs = engine.step()
+        step_seconds, cpu_seconds = time.perf_counter() - step_start, time.process_time() - cpu_start
+        seconds += step_seconds
         if decoding:
-            step_ms.append(1000 * (time.perf_counter() - step_start))
-            step_cpu_ms.append(1000 * (time.process_time() - cpu_start))
+            step_ms.append(1000 * step_seconds)
+            step_cpu_ms.append(1000 * cpu_seconds)
         for output in outputs:
             if output.outputs[0].token_ids:
                 tokens[output.request_id] = tokens.get(output.request_id, 0) + len(output.outputs[0].token_ids)
-    seconds = time.perf_counter() - start
+        yield
     assert sorted(tokens.values()) == [new_tokens] * len(prompts), "a prompt did not get all its tokens"
     return {"seconds": seconds, "step_ms": step_ms, "step_cpu_ms": step_cpu_ms}
 
 
 def measure(engines: dict, prompts: list[list[int]], new_tokens: int, rounds: int) -> dict[str, list[dict]]:
-    """``rounds`` interleaved rounds (the order rotated each round): per model, one :func:`timed_run` a round."""
+    """``rounds`` rounds of one :func:`stepped_run` per model, the models' runs interleaved step by step (the order
+    rotated each round), so that each model's steps meet the same load from the machine's other work."""
     names = list(engines)
     runs = {name: [] for name in names}
     for round_index in range(rounds):
         shift = round_index % len(names)
-        for name in names[shift:] + names[:shift]:
-            runs[name].append(timed_run(engines[name], prompts, new_tokens))
+        running = {name: stepped_run(engines[name], prompts, new_tokens) for name in names[shift:] + names[:shift]}
+        while running:
+            for name, run in list(running.items()):
+                try:
+                    next(run)
+                except StopIteration as finished:
+                    runs[name].append(finished.value)
+                    del running[name]
         print(f"round {round_index + 1}/{rounds} done", file=sys.stderr, flush=True)
     return runs
 
