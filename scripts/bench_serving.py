@@ -264,7 +264,8 @@ def markdown(report: dict) -> str:
     lines = [
         f"vLLM serving, side by side: {report['prompts']} prompts x {report['prompt_tokens']} tokens -> "
         f"{report['new_tokens']} new tokens, greedy, {report['dtype']}, "
-        f"{'eager' if report['eager'] else 'compiled (vLLM default)'}, {report['threads']} thread(s); hidden 1024, "
+        f"{'eager' if report['eager'] else 'compiled (vLLM default)'}, {report['threads']} OpenMP thread"
+        f"{'' if report['threads'] == 1 else 's'}; hidden 1024, "
         f"16/8 heads (head dim 64), {report['layers']} layers, vocab {report['vocab_size']}; MoE: "
         f"{MOE['num_experts']} experts, {MOE['num_experts_per_tok']} per token, width {MOE['moe_intermediate_size']}. "
         f"{report['rounds']} interleaved rounds. Output tokens/s: the best round's (the one the machine's other work "
@@ -276,7 +277,7 @@ def markdown(report: dict) -> str:
         "ratio if time were proportional to them.",
         "",
         "| model | vLLM built | output tokens/s | ms / output token | tokens/s vs stock | ms/token vs stock "
-        "| (rounds) | CPU ms/token vs stock | parameter floor |",
+        "| the same, each round | CPU ms/token vs stock | parameter floor |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for row in report["rows"]:
