@@ -20,6 +20,11 @@ Threads: the engines run in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``),
 count itself (``--threads``, default 1: on a machine shared with other work, every multi-threaded kernel waits for
 its slowest thread, and a descheduled thread stalls each kernel for a whole time slice) and records it.
 
+Huge pages: the script asks torch to back its large CPU tensors with transparent huge pages
+(``THP_MEM_ALLOC_ENABLE=1``, torch's own switch; ``--no-huge-pages`` leaves it off). Without them, where the kernel
+gives huge pages only on request (``/sys/kernel/mm/transparent_hugepage/enabled`` set to ``madvise``), two engines
+of the same model differ in speed by a few percent for their whole life, by where their weights happened to land.
+
 The parameter floor of a gated model is the stock model's matmul weights (every linear layer and the LM head)
 over its own: the speed it would have if time were proportional to the weights each token multiplies by.
 
@@ -265,7 +270,9 @@ def markdown(report: dict) -> str:
         f"vLLM serving, side by side: {report['prompts']} prompts x {report['prompt_tokens']} tokens -> "
         f"{report['new_tokens']} new tokens, greedy, {report['dtype']}, "
         f"{'eager' if report['eager'] else 'compiled (vLLM default)'}, {report['threads']} OpenMP thread"
-        f"{'' if report['threads'] == 1 else 's'}; hidden 1024, "
+        f"{'' if report['threads'] == 1 else 's'}, "
+        f"{'torch tensors on transparent huge pages' if report['huge_pages'] else 'no huge pages asked'} "
+        f"(the kernel's mode: {report['transparent_hugepage']}); hidden 1024, "
         f"16/8 heads (head dim 64), {report['layers']} layers, vocab {report['vocab_size']}; MoE: "
         f"{MOE['num_experts']} experts, {MOE['num_experts_per_tok']} per token, width {MOE['moe_intermediate_size']}. "
         f"{report['rounds']} interleaved rounds. Output tokens/s: the best round's (the one the machine's other work "
@@ -299,6 +306,15 @@ def markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
+def transparent_hugepage_mode() -> str | None:
+    """The kernel's transparent huge page mode (``always``, ``madvise`` or ``never``), None where it says none."""
+    try:
+        text = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
+    except OSError:
+        return None
+    return next((word[1:-1] for word in text.split() if word.startswith("[")), None)
+
+
 def engine_threads(model) -> int:
     import torch
 
@@ -321,6 +337,12 @@ def main(argv=None) -> int:
     parser.add_argument("--eager", action="store_true", help="vLLM's eager mode instead of its default compilation")
     parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
     parser.add_argument("--kv-cache-mib", type=int, default=512)
+    parser.add_argument(
+        "--huge-pages",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="back torch's large CPU tensors with transparent huge pages (THP_MEM_ALLOC_ENABLE; default on)",
+    )
     parser.add_argument("--quick", action="store_true", help="2 layers, 1 round, 8 new tokens; nothing written")
     parser.add_argument("--output", default="results/serving", help="folder for results.json and results.md")
     args = parser.parse_args(argv)
@@ -328,6 +350,7 @@ def main(argv=None) -> int:
         args.layers, args.rounds, args.new_tokens = 2, 1, 8
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # every engine in this process
     os.environ["OMP_NUM_THREADS"] = str(args.threads)  # before torch starts its thread pool
+    os.environ["THP_MEM_ALLOC_ENABLE"] = "1" if args.huge_pages else "0"  # read at torch's first large allocation
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
 
     import random
@@ -374,6 +397,8 @@ def main(argv=None) -> int:
         eager=args.eager,
         threads=threads[0] if len(threads) == 1 else threads,
         cpu_affinity=sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        huge_pages=args.huge_pages,
+        transparent_hugepage=transparent_hugepage_mode(),
         rounds=args.rounds,
         rows=rows,
         device_note="CPU only: no GPU was lent to the session that measured this, so there are no CUDA-graph figures.",
