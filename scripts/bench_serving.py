@@ -20,10 +20,13 @@ Threads: the engines run in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``),
 count itself (``--threads``, default 1: on a machine shared with other work, every multi-threaded kernel waits for
 its slowest thread, and a descheduled thread stalls each kernel for a whole time slice) and records it.
 
-Huge pages: the script asks torch to back its large CPU tensors with transparent huge pages
-(``THP_MEM_ALLOC_ENABLE=1``, torch's own switch; ``--no-huge-pages`` leaves it off). Without them, where the kernel
-gives huge pages only on request (``/sys/kernel/mm/transparent_hugepage/enabled`` set to ``madvise``), two engines
-of the same model differ in speed by a few percent for their whole life, by where their weights happened to land.
+Huge pages: the script puts the engines' memory on transparent huge pages: torch's large CPU tensors
+(``THP_MEM_ALLOC_ENABLE=1``, torch's own switch) and whatever else is allocated through glibc's malloc, oneDNN's
+packed weights among them (``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``, which glibc reads at start: the script runs
+itself again with it). ``--no-huge-pages`` leaves both off. Without them, where the kernel gives huge pages only on
+request (``/sys/kernel/mm/transparent_hugepage/enabled`` set to ``madvise``), an engine's speed depends by a few
+percent on where its memory happened to land, for its whole life: two engines of the same model differ, and no
+number of rounds averages that out.
 
 The parameter floor of a gated model is the stock model's matmul weights (every linear layer and the LM head)
 over its own: the speed it would have if time were proportional to the weights each token multiplies by.
@@ -271,7 +274,7 @@ def markdown(report: dict) -> str:
         f"{report['new_tokens']} new tokens, greedy, {report['dtype']}, "
         f"{'eager' if report['eager'] else 'compiled (vLLM default)'}, {report['threads']} OpenMP thread"
         f"{'' if report['threads'] == 1 else 's'}, "
-        f"{'torch tensors on transparent huge pages' if report['huge_pages'] else 'no huge pages asked'} "
+        f"{'memory on transparent huge pages' if report['huge_pages'] else 'no huge pages asked'} "
         f"(the kernel's mode: {report['transparent_hugepage']}); hidden 1024, "
         f"16/8 heads (head dim 64), {report['layers']} layers, vocab {report['vocab_size']}; MoE: "
         f"{MOE['num_experts']} experts, {MOE['num_experts_per_tok']} per token, width {MOE['moe_intermediate_size']}. "
@@ -304,6 +307,22 @@ def markdown(report: dict) -> str:
         )
     lines += ["", report["device_note"], "", describe(report), ""]
     return "\n".join(lines)
+
+
+HUGE_PAGES_TUNABLE = "glibc.malloc.hugetlb=1"
+
+
+def on_huge_pages(argv: list[str]) -> None:
+    """Run this script again, with ``argv``, with glibc's malloc on transparent huge pages (unless it already is),
+    and ask torch's CPU allocator for them too; nothing happens outside Linux."""
+    if not sys.platform.startswith("linux"):
+        return
+    os.environ["THP_MEM_ALLOC_ENABLE"] = "1"  # read at torch's first large allocation
+    tunables = os.environ.get("GLIBC_TUNABLES", "")
+    if "glibc.malloc.hugetlb" not in tunables:  # read by the dynamic loader: only a new process takes it
+        os.environ["GLIBC_TUNABLES"] = ":".join(filter(None, (tunables, HUGE_PAGES_TUNABLE)))
+        sys.stdout.flush()
+        os.execv(sys.executable, [sys.executable, sys.argv[0], *argv])
 
 
 def transparent_hugepage_mode() -> str | None:
@@ -341,7 +360,7 @@ def main(argv=None) -> int:
         "--huge-pages",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="back torch's large CPU tensors with transparent huge pages (THP_MEM_ALLOC_ENABLE; default on)",
+        help="the engines' memory on transparent huge pages (THP_MEM_ALLOC_ENABLE, glibc.malloc.hugetlb; default on)",
     )
     parser.add_argument("--quick", action="store_true", help="2 layers, 1 round, 8 new tokens; nothing written")
     parser.add_argument("--output", default="results/serving", help="folder for results.json and results.md")
@@ -350,7 +369,8 @@ def main(argv=None) -> int:
         args.layers, args.rounds, args.new_tokens = 2, 1, 8
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # every engine in this process
     os.environ["OMP_NUM_THREADS"] = str(args.threads)  # before torch starts its thread pool
-    os.environ["THP_MEM_ALLOC_ENABLE"] = "1" if args.huge_pages else "0"  # read at torch's first large allocation
+    if args.huge_pages:
+        on_huge_pages(sys.argv[1:] if argv is None else list(argv))
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
 
     import random
@@ -398,6 +418,7 @@ def main(argv=None) -> int:
         threads=threads[0] if len(threads) == 1 else threads,
         cpu_affinity=sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         huge_pages=args.huge_pages,
+        glibc_tunables=os.environ.get("GLIBC_TUNABLES"),
         transparent_hugepage=transparent_hugepage_mode(),
         rounds=args.rounds,
         rows=rows,
