@@ -5,7 +5,8 @@ vLLM constructs them as ``cls(vllm_config=..., prefix=...)``; nothing here is ca
 The released gate (sigmoid, multiplying each head's SDPA output, headwise or elementwise) is served natively:
 vLLM's own Qwen3 and Qwen3-MoE, with each layer's attention given the gate as vLLM's Qwen3-Next gives its own
 (:class:`GatedAttention`). A config the native classes do not describe
-(:func:`~gated_qwen.serving.vllm_plugin.serves_natively`) runs on vLLM's Transformers backend instead.
+(:func:`~gated_qwen.serving.vllm_plugin.serves_natively`) is refused where the model is built, as the plugin's
+front-end check refuses it before.
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ from vllm.distributed import divide, get_tensor_model_parallel_world_size
 from vllm.model_executor.layers.linear import ColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from vllm.model_executor.models.qwen3 import Qwen3ForCausalLM
 from vllm.model_executor.models.qwen3_moe import Qwen3MoeForCausalLM
-from vllm.model_executor.models.transformers import TransformersForCausalLM, TransformersMoEForCausalLM
 from vllm.model_executor.models.utils import PPMissingLayer
 
+from ..errors import CheckpointError
 from ..models.layout import gate_dim
 from ..models.qwen3_gated.configuration_qwen3_gated import (
     GatedAttentionConfigMixin,
@@ -27,7 +28,12 @@ from ..models.qwen3_gated.configuration_qwen3_gated import (
     is_gated_attention_config,
 )
 from ..models.qwen3_moe_gated.configuration_qwen3_moe_gated import Qwen3MoeGatedConfig
-from .vllm_plugin import check_tensor_parallel_size, q_proj_rows_by_rank, serves_natively
+from .vllm_plugin import (
+    check_tensor_parallel_size,
+    q_proj_rows_by_rank,
+    serves_natively,
+    unserved_variant_message,
+)
 
 
 class GatedQKVParallelLinear(QKVParallelLinear):
@@ -156,6 +162,8 @@ def read_as_gated(vllm_config: VllmConfig, config_class: type = Qwen3GatedConfig
         # The dict vLLM's config holds, not the file: it keeps vLLM's overrides (hf_overrides).
         config = config_class.from_dict(model_config.hf_config.to_dict())
         model_config.hf_config = model_config.hf_text_config = config
+    if not serves_natively(model_config.hf_config):  # the front end refuses it first; a caller that skips it
+        raise CheckpointError(unserved_variant_message(model_config.hf_config, model_config.model))
     check_tensor_parallel_size(
         model_config.hf_config.num_key_value_heads, vllm_config.parallel_config.tensor_parallel_size
     )
@@ -163,16 +171,7 @@ def read_as_gated(vllm_config: VllmConfig, config_class: type = Qwen3GatedConfig
 
 
 class Qwen3GatedForCausalLM(Qwen3ForCausalLM):
-    """vLLM's own Qwen3 with the released gate in its attention (:class:`GatedAttention`).
-
-    A config the native class does not describe (a gate variant of the design space, say) gets
-    :class:`Qwen3GatedBackendForCausalLM` instead.
-    """
-
-    def __new__(cls, *, vllm_config: VllmConfig, prefix: str = ""):
-        if not serves_natively(read_as_gated(vllm_config)):
-            return Qwen3GatedBackendForCausalLM(vllm_config=vllm_config, prefix=prefix)
-        return super().__new__(cls)
+    """vLLM's own Qwen3 with the released gate in its attention (:class:`GatedAttention`)."""
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
         config = read_as_gated(vllm_config)
@@ -181,42 +180,12 @@ class Qwen3GatedForCausalLM(Qwen3ForCausalLM):
 
 
 class Qwen3MoeGatedForCausalLM(Qwen3MoeForCausalLM):
-    """vLLM's own Qwen3-MoE (``FusedMoE`` experts) with the released gate in its attention (:class:`GatedAttention`).
-
-    A config the native class does not describe gets :class:`Qwen3MoeGatedBackendForCausalLM` instead.
-    """
-
-    def __new__(cls, *, vllm_config: VllmConfig, prefix: str = ""):
-        if not serves_natively(read_as_gated(vllm_config, Qwen3MoeGatedConfig)):
-            return Qwen3MoeGatedBackendForCausalLM(vllm_config=vllm_config, prefix=prefix)
-        return super().__new__(cls)
+    """vLLM's own Qwen3-MoE (``FusedMoE`` experts) with the released gate in its attention (:class:`GatedAttention`)."""
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
         config = read_as_gated(vllm_config, Qwen3MoeGatedConfig)
         super().__init__(vllm_config=vllm_config, prefix=prefix)
         add_gates(self.model, config, vllm_config.quant_config)
-
-
-class Qwen3GatedBackendForCausalLM(TransformersForCausalLM):
-    """vLLM's Transformers backend running gated-qwen's model, for a config the native class does not describe.
-
-    The backend builds the model with ``AutoModel.from_config`` (a ``Qwen3GatedModel``), shards it by
-    ``base_model_tp_plan`` and calls the attention through transformers' attention interface; q, k and v stay
-    three projections (vLLM's tracer does not see through the attention's keyword wrapper to fuse them).
-    """
-
-    def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
-        read_as_gated(vllm_config)
-        super().__init__(vllm_config=vllm_config, prefix=prefix)
-
-
-class Qwen3MoeGatedBackendForCausalLM(TransformersMoEForCausalLM):
-    """vLLM's Transformers backend, with its mixture-of-experts support, running gated-qwen's Qwen3MoeGated, for a
-    config the native class does not describe (the experts become vLLM's fused MoE)."""
-
-    def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
-        read_as_gated(vllm_config, Qwen3MoeGatedConfig)
-        super().__init__(vllm_config=vllm_config, prefix=prefix)
 
 
 class Qwen3OrGatedForCausalLM(Qwen3ForCausalLM):

@@ -7,11 +7,10 @@ architectures with vLLM's ``ModelRegistry``:
 - ``Qwen3GatedForCausalLM`` (what ``save_pretrained`` writes, ``model_type "qwen3_gated"``): vLLM's own Qwen3
   with the released gate in each layer's attention (one ``QKVParallelLinear`` yielding queries, gate logits,
   keys and values; vLLM's ``Attention``; the gate applied before ``o_proj`` as vLLM's Qwen3-Next applies its
-  own). A config those layers do not describe (:func:`serves_natively`) runs on vLLM's Transformers backend,
-  which builds this package's model with ``AutoModel.from_config`` (the ``import gated_qwen`` here registers it).
+  own). A config those layers do not describe (:func:`serves_natively`) is refused
+  (:func:`check_served_checkpoint` in the front end, the class again where it is built).
 - ``Qwen3MoeGatedForCausalLM`` (``model_type "qwen3_moe_gated"``, a converted Qwen3-MoE): vLLM's own Qwen3-MoE
-  (``FusedMoE`` experts) with the same gated attention; the Transformers backend with its mixture-of-experts
-  support for a config the native class does not describe.
+  (``FusedMoE`` experts) with the same gated attention.
 - ``Qwen3ForCausalLM`` (what a released arm's config.json names, beside ``model_type "qwen2"``): a
   class that builds vLLM's own Qwen3 for a stock Qwen3 checkpoint, as before, and the gated model
   above for a config with the gated-attention keys. Without this, vLLM's Qwen3 would load a released
@@ -115,12 +114,8 @@ def check_served_checkpoint(vllm_config) -> None:
         return  # not a model of this plugin's
     # refuses sizes that make no model, naming the key
     config = (Qwen3MoeGatedConfig if moe else Qwen3GatedConfig).from_dict(config_dict)
-    if gated and not config.is_released_point:  # a design-space key away from the release, gate or none
-        raise CheckpointError(
-            f"{model_config.model}: vLLM serves the released gate (sigmoid, multiplying the SDPA output of each head) "
-            f"through gated-qwen's plugin, not this {config.gate_variant()}; generate with transformers "
-            "(`gated-qwen generate`) instead"
-        )
+    if gated and not serves_natively(config):  # a design-space key away from the release, gate or none
+        raise CheckpointError(unserved_variant_message(config, model_config.model))
     if gated:  # vLLM's own Qwen3 replicates kv heads as it does for any model
         check_tensor_parallel_size(config.num_key_value_heads, vllm_config.parallel_config.tensor_parallel_size)
     if str(getattr(vllm_config.load_config, "load_format", "")) == "dummy":
@@ -146,9 +141,10 @@ def serves_natively(config) -> bool:
 
     ``config`` is a gated-qwen config (dense or MoE). True at the released point of the design space
     (``config.is_released_point``: the released gate, headwise or elementwise, or no gate, and nothing else of the
-    design space), whatever its sizes, biases and QK-norm; other configs run on vLLM's Transformers backend (or
-    are refused by the front end). The design space's keys are one table (``GATE_VARIANT_DEFAULTS``), so a key
-    added to it later leaves the native path with no change here.
+    design space), whatever its sizes, biases and QK-norm; other configs are refused
+    (:func:`unserved_variant_message`), in the front end and again where the model is built. The design space's
+    keys are one table (``GATE_VARIANT_DEFAULTS``), so a key added to it later leaves the native path with no
+    change here.
 
     >>> from gated_qwen import Qwen3GatedConfig
     >>> serves_natively(Qwen3GatedConfig(num_attention_heads=4, num_key_value_heads=2, gate_type="elementwise"))
@@ -158,6 +154,20 @@ def serves_natively(config) -> bool:
     False
     """
     return config.is_released_point
+
+
+def unserved_variant_message(config, source) -> str:
+    """Why vLLM does not serve ``config`` (a design-space variant off the released point), and what to do.
+
+    >>> from gated_qwen import Qwen3GatedConfig
+    >>> unserved_variant_message(Qwen3GatedConfig(gate_type="headwise", gate_activation="silu"), "ckpt")[:48]
+    'ckpt: vLLM serves the released gate (sigmoid, mu'
+    """
+    return (
+        f"{source}: vLLM serves the released gate (sigmoid, multiplying the SDPA output of each head) through "
+        f"gated-qwen's plugin, not this {config.gate_variant()}; generate with transformers (`gated-qwen generate`) "
+        "instead"
+    )
 
 
 def q_proj_rows_by_rank(q_proj, num_key_value_heads: int, head_dim: int, gate_dim: int, tensor_parallel_size: int):

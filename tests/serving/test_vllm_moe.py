@@ -1,6 +1,5 @@
 """vLLM serves gated Qwen3-MoE models (issues 23, 37): the native checkpoint through the plugin (vLLM's own
-Qwen3-MoE with the gate in its attention, ``Qwen3MoeGatedForCausalLM``; vLLM's Transformers backend is a class of
-another name, ``Qwen3MoeGatedBackendForCausalLM``, so a fallback to it fails the class check) and the Qwen3.5-MoE
+Qwen3-MoE with the gate in its attention, ``Qwen3MoeGatedForCausalLM``, the class asserted) and the Qwen3.5-MoE
 export through vLLM's own ``Qwen3_5MoeForCausalLM``, each with greedy tokens equal to gated-qwen's own, at
 tensor-parallel sizes 1 and 2.
 

@@ -1,9 +1,7 @@
 """The vLLM plugin: vLLM's greedy tokens equal gated-qwen's own, at tensor-parallel sizes 1 and 2.
 
 The released gate is served by the plugin's native class (vLLM's own Qwen3 with the gate in its attention,
-``Qwen3GatedForCausalLM``); vLLM's Transformers backend, which serves the same checkpoints correctly but slower,
-is a class of another name (``Qwen3GatedBackendForCausalLM``), so each case asserting the class fails if the
-plugin falls back to it.
+``Qwen3GatedForCausalLM``): each case asserts the class vLLM built.
 
 The vLLM cases need vLLM installed beside gated-qwen (``.ci/run`` builds such an environment and runs
 this file there); elsewhere they are skipped. All of them run in one ``scripts/check_vllm.py`` process:
