@@ -255,6 +255,8 @@ def main(argv: list[str] | None = None) -> int:
         if not (args.before / "gated_qwen" / "__init__.py").is_file():
             parser.error(f"--before {args.before}: not a gated-qwen checkout (no gated_qwen/__init__.py)")
         checkouts = {"before": args.before.resolve(), "after": ROOT}
+    if args.scratch is not None and not args.scratch.is_dir():
+        parser.error(f"--scratch {args.scratch}: no such folder (make it first, or leave --scratch out)")
     report = new_report("conversion", shape=args.shape, repeats=args.repeats)  # the load before the runs
     with tempfile.TemporaryDirectory(dir=args.scratch, prefix="bench-conversion-") as scratch:
         source = Path(scratch, "source")

@@ -19,6 +19,15 @@ bench_conversion = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(bench_conversion)
 
 
+def test_a_missing_scratch_folder_is_named_before_anything_is_written(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        bench_conversion.main(["--scratch", str(tmp_path / "missing"), "--results-dir", str(tmp_path / "results")])
+    assert exit_.value.code == 2
+    error = capsys.readouterr().err
+    assert f"--scratch {tmp_path / 'missing'}: no such folder" in error and "Traceback" not in error
+    assert not (tmp_path / "results").exists()
+
+
 def test_the_source_has_qwen3_30b_a3b_layer_shapes_in_the_per_expert_layout():
     tensors = bench_conversion.source_tensors(bench_conversion.SHAPES["30b-a3b"], layers=2)
     assert tensors["model.layers.1.self_attn.q_proj.weight"] == (4096, 2048)  # 32 heads of 128
