@@ -69,8 +69,9 @@ def machine() -> dict:
     }
 
 
-def git_commit() -> str | None:
-    result = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT, check=False)
+def git_commit(checkout: str | os.PathLike = ROOT) -> str | None:
+    """The commit ``checkout`` (by default this repository) has checked out; None outside git."""
+    result = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=checkout, check=False)
     return result.stdout.strip() or None
 
 
@@ -144,3 +145,47 @@ def new_report(topic: str, **fields) -> dict:
         "git_commit": git_commit(),
         **fields,
     }
+
+
+# Runs the command it is given and reports on it, from a process that has not imported torch: a child's ru_maxrss
+# counts the memory it was forked with, which is then this small wrapper's, not the measuring script's. A memory
+# cgroup named by MEASURE_CGROUP is joined first, so that the command is born in it.
+_PEAK_MEMORY_WRAPPER = """
+import json, os, resource, subprocess, sys, tempfile, time
+start = time.perf_counter()
+if os.environ.get("MEASURE_CGROUP"):
+    open(os.path.join(os.environ["MEASURE_CGROUP"], "cgroup.procs"), "w").write(str(os.getpid()))
+out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+child = subprocess.Popen(sys.argv[1:], stdout=out, stderr=err)
+anon = 0
+while child.poll() is None:
+    try:
+        status = open(f"/proc/{child.pid}/status").read()
+        anon = max(anon, int(status.split("RssAnon:")[1].split()[0]))
+    except (OSError, IndexError, ValueError):
+        pass
+    time.sleep(0.02)
+usage = resource.getrusage(resource.RUSAGE_CHILDREN)  # poll() reaped the child: the largest child's peak
+out.seek(0); err.seek(0)
+print(json.dumps({"status": child.returncode, "peak_mib": usage.ru_maxrss / 1024, "anon_mib": anon / 1024,
+                  "seconds": time.perf_counter() - start, "out": out.read().decode()[-400:],
+                  "err": err.read().decode()[-2000:]}))
+"""
+
+
+def run_measuring_memory(command: list[str], env: dict, cgroup: str | os.PathLike | None = None) -> dict:
+    """Run ``command`` in a fresh process and return its exit ``status``, wall ``seconds``, peak resident set
+    (``peak_mib``: ru_maxrss, the file pages it touched included) and the peak of its anonymous part (``anon_mib``:
+    ``RssAnon`` of /proc/PID/status, read every 20 ms, the memory it holds itself), with the tails of its ``out``
+    and ``err``; inside the memory cgroup folder ``cgroup`` if given. Unrounded; the caller decides on failure.
+
+    >>> run_measuring_memory([sys.executable, "-c", "print('hi')"], dict(os.environ))["out"]
+    'hi\\n'
+    """
+    import json
+
+    env = {**env, "MEASURE_CGROUP": str(cgroup or "")}
+    done = subprocess.run(
+        [sys.executable, "-c", _PEAK_MEMORY_WRAPPER, *command], env=env, capture_output=True, text=True, check=True
+    )
+    return json.loads(done.stdout)

@@ -10,7 +10,7 @@ of 128, 128 experts of 768, 8 a token, vocabulary 151936, untied lm_head, bfloat
 with an index, every expert's gate_proj, up_proj and down_proj a tensor of its own. It is written tensor by tensor
 into a temporary folder (``--scratch``), never held whole. Each run is the command a user types, ``python -m
 gated_qwen convert SRC DST --gate GATE --quiet``, in a fresh process whose own peak resident memory (``ru_maxrss``
-of that child, from ``os.wait4``; the pages of the memory-mapped source it touched count) and the peak of its
+of that child; the pages of the memory-mapped source it touched count) and the peak of its
 anonymous part (``RssAnon``, polled every 20 ms: the memory it holds itself) are recorded with its wall time and
 the size of what it wrote; DST is removed after each run. A plain ``cp -r`` of the source, run the same way each
 round, is the floor. Rounds run every (gate, checkout) pair in an order shuffled per round, so that the load of a
@@ -30,12 +30,11 @@ import os
 import random
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from _results import ROOT, describe, new_report, portable, write_results
+from _results import ROOT, describe, git_commit, new_report, portable, run_measuring_memory, write_results
 
 
 # Qwen3-30B-A3B's config.json (Qwen/Qwen3-30B-A3B), with num_hidden_layers set by --layers; "tiny" for tests.
@@ -99,48 +98,21 @@ def write_source(folder: Path, shape: dict, layers: int, max_shard_size: str) ->
     return sum(info.nbytes for info in plan.values())
 
 
-# Runs the command it is given, from a process that has not imported torch: a child's ru_maxrss counts the memory
-# it was forked with, which here is this small wrapper's, not the measuring script's.
-WRAPPER = """
-import json, os, subprocess, sys, time
-start = time.perf_counter()
-child = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-anon_kib = 0
-while not (reaped := os.wait4(child.pid, os.WNOHANG))[0]:
-    try:
-        anon_kib = max(anon_kib, int(open(f"/proc/{child.pid}/status").read().split("RssAnon:")[1].split()[0]))
-    except (OSError, IndexError, ValueError):
-        pass
-    time.sleep(0.02)
-seconds = time.perf_counter() - start
-print(json.dumps({"status": os.waitstatus_to_exitcode(reaped[1]), "seconds": seconds,
-                  "peak_kib": reaped[2].ru_maxrss, "anon_kib": anon_kib, "err": child.stderr.read().decode()[-2000:]}))
-"""
-
-
 def measure(command: list[str], env: dict) -> dict:
-    """Run ``command`` in a fresh process: its wall seconds, its own peak RSS (``ru_maxrss`` from ``os.wait4``) and
-    the peak of its ``RssAnon`` (polled every 20 ms), in MiB."""
-    done = subprocess.run(
-        [sys.executable, "-c", WRAPPER, *command], env=env, capture_output=True, text=True, check=True
-    )
-    result = json.loads(done.stdout)
+    """Run ``command`` in a fresh process (:func:`_results.run_measuring_memory`): its wall seconds, its peak RSS
+    and the peak of its ``RssAnon``, in MiB."""
+    result = run_measuring_memory(command, env)
     if result["status"]:
         raise RuntimeError(f"{portable(' '.join(command))} failed ({result['status']}):\n{result['err']}")
     return {
         "seconds": round(result["seconds"], 3),
-        "peak_rss_mib": round(result["peak_kib"] / 1024, 1),
-        "anon_mib": round(result["anon_kib"] / 1024, 1),
+        "peak_rss_mib": round(result["peak_mib"], 1),
+        "anon_mib": round(result["anon_mib"], 1),
     }
 
 
 def folder_bytes(folder: Path) -> int:
     return sum(file.stat().st_size for file in folder.rglob("*") if file.is_file())
-
-
-def checkout_commit(checkout: Path) -> str | None:
-    done = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=checkout, check=False)
-    return done.stdout.strip() or None
 
 
 def run_rounds(source: Path, scratch: Path, checkouts: dict[str, Path], repeats: int) -> list[dict]:
@@ -266,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     report.update(
         source={"layers": args.layers, "bytes": weight_bytes, "files": len(files), "shard_size": args.source_shard_size,
                 "tensors": len(source_tensors(SHAPES[args.shape], args.layers))},
-        checkouts={name: checkout_commit(path) for name, path in checkouts.items()},
+        checkouts={name: git_commit(path) for name, path in checkouts.items()},
         runs=runs,
         summary=summary(runs),
     )  # fmt: skip

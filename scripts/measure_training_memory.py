@@ -28,7 +28,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _results import ROOT, describe, new_report, portable, write_results
+from _results import ROOT, describe, new_report, portable, run_measuring_memory, write_results
 
 
 DATA_PASS = """
@@ -60,32 +60,7 @@ def measured(command: list[str], env: dict, cgroup: Path | None = None, may_fail
     as on a machine with that much memory: file pages are dropped when the limit is reached, and the command is
     killed if what it holds itself exceeds it. With ``may_fail`` a command that fails gives ``{"failed": why}``
     instead of an exception."""
-    wrapper = (
-        "import json, subprocess, sys, tempfile, time\n"
-        "start = time.perf_counter()\n"
-        "import os, resource\n"
-        "if os.environ.get('MEASURE_CGROUP'):  # join it: the child is born in it\n"
-        "    open(os.path.join(os.environ['MEASURE_CGROUP'], 'cgroup.procs'), 'w').write(str(os.getpid()))\n"
-        "out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()\n"
-        "child = subprocess.Popen(sys.argv[1:], stdout=out, stderr=err)\n"
-        "anon = 0\n"
-        "while child.poll() is None:\n"
-        "    try:\n"
-        "        status = open(f'/proc/{child.pid}/status').read()\n"
-        "        anon = max(anon, int(status.split('RssAnon:')[1].split()[0]))\n"
-        "    except (OSError, IndexError):\n"
-        "        pass\n"
-        "    time.sleep(0.02)\n"
-        "usage = resource.getrusage(resource.RUSAGE_CHILDREN)  # poll() reaped the child: the largest child's peak\n"
-        "out.seek(0); err.seek(0)\n"
-        "print(json.dumps({'status': child.returncode, 'peak_mib': usage.ru_maxrss / 1024, 'anon_mib': anon / 1024,"
-        " 'seconds': time.perf_counter() - start, 'out': out.read().decode()[-400:], 'err': err.read().decode()[-2000:]}))\n"
-    )
-    env = {**env, "MEASURE_CGROUP": str(cgroup or "")}
-    done = subprocess.run(
-        [sys.executable, "-c", wrapper, *command], env=env, capture_output=True, text=True, check=True
-    )
-    result = json.loads(done.stdout)
+    result = run_measuring_memory(command, env, cgroup)
     if result["status"]:
         if may_fail:
             why = (
