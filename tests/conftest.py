@@ -28,6 +28,22 @@ from gated_qwen import Qwen3GatedConfig
 
 torch.set_num_threads(1)
 
+REPO = Path(__file__).resolve().parents[1]
+
+
+def load_script(name: str):
+    """``scripts/<name>.py`` as a module, with scripts/ on ``sys.path`` as when the script runs (its ``_results``)."""
+    import sys
+
+    script = REPO / "scripts" / f"{name}.py"
+    if str(script.parent) not in sys.path:
+        sys.path.insert(0, str(script.parent))
+    spec = importlib.util.spec_from_file_location(name, script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 TRAP_CODE = 'raise RuntimeError("code shipped inside a checkpoint was imported")\n'
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -12,15 +11,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TOKENIZER_TEXT
+from conftest import TOKENIZER_TEXT, load_script
 
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "run_ablation.py"
-sys.path.insert(0, str(SCRIPT.parent))  # the script's own folder, as when it runs: its _results module
-spec = importlib.util.spec_from_file_location("run_ablation", SCRIPT)
-run_ablation = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(run_ablation)
+run_ablation = load_script("run_ablation")
 
 
 def test_arms_and_seeds_are_comma_separated(monkeypatch):

@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import load_script
 
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "scripts" / "bench_conversion.py"
-sys.path.insert(0, str(SCRIPT.parent))  # the script's own folder, as when it runs: its _results module
-spec = importlib.util.spec_from_file_location("bench_conversion", SCRIPT)
-bench_conversion = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(bench_conversion)
+bench_conversion = load_script("bench_conversion")
 
 
 def test_a_missing_scratch_folder_is_named_before_anything_is_written(tmp_path, capsys):

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
+from conftest import load_script
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "record_ci_versions.py"
-spec = importlib.util.spec_from_file_location("record_ci_versions", SCRIPT)
-record_ci_versions = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(record_ci_versions)
+
+record_ci_versions = load_script("record_ci_versions")
 
 JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest">
 <testcase classname="tests.models.test_modeling_qwen3_gated_common.TestHeadwise" name="test_config"/>

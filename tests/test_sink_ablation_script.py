@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -10,14 +9,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import load_script
 
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "run_sink_ablation.py"
-sys.path.insert(0, str(SCRIPT.parent))  # the script's own folder, as when it runs: its _results module
-spec = importlib.util.spec_from_file_location("run_sink_ablation", SCRIPT)
-run_sink_ablation = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(run_sink_ablation)
+run_sink_ablation = load_script("run_sink_ablation")
 
 
 def test_every_arm_of_the_issue_is_defined_by_config_keys():
