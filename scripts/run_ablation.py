@@ -35,6 +35,7 @@ docs/design-space.md gives its budget).
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import math
@@ -479,6 +480,7 @@ def correlation_with_paper(rows: dict[str, dict]) -> tuple[float | None, str]:
     )
 
 
+@functools.cache  # asked for by the seed runs' and the high-lr runs' settings and by the report: a corpus is read once
 def corpus_identity(corpus: Path) -> str:
     """What the corpus is, for :func:`run_settings`: the standard-library docstrings of this Python (they depend on
     nothing else: scripts/prepare_corpus.py), or the SHA-256 of the corpus files' contents."""
