@@ -76,6 +76,26 @@ def test_the_table_has_the_paper_column_and_the_rank_line(monkeypatch):
     assert value is None and "not computed" in line and "1 of these arms" in line
 
 
+def test_the_limits_line_reads_the_tables_own_figures():
+    def row(losses, attention):
+        return {
+            "seeds": {i: {"heldout_loss": loss, "first_token_attention": attention} for i, loss in enumerate(losses)}
+        }
+
+    rows = {
+        "baseline": row([3.60, 3.62], 0.02),
+        "G1 headwise": row([3.50, 3.50], 0.4),
+        "kv heads": row([3.64, 3.64], 0.01),
+    }
+    line = run_ablation.limits_line(rows)
+    # differences 0.110 and 0.030 (median 0.070); spreads 0.014, 0, 0 (median 0); attention at most 0.4
+    assert "by a median 0.070, against a median spread of 0.000 between seeds, so the seeds do not blur" in line
+    assert "an arm has an attention sink (first-token attention at most 0.400 in any arm, where the paper's" in line
+    rows["G1 headwise"] = row([3.59, 3.63], 0.02)  # differences 0.000 and 0.030; spreads 0.014, 0.028, 0
+    line = run_ablation.limits_line(rows)
+    assert "so most rankings are not settled here; and no arm has an attention sink to remove" in line
+
+
 def test_the_new_rows_and_the_paper_figures():
     arms = run_ablation.ARMS
     assert arms["NS-sigmoid"] == {"gate_type": "elementwise", "gate_activation": "ns_sigmoid"}
