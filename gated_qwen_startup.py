@@ -5,53 +5,53 @@ transformers has no entry point for model plugins, so a process that never runs 
 ``AutoModelForCausalLM.from_pretrained``) would not know ``qwen3_gated`` or ``qwen3_moe_gated``. The installation
 puts ``gated_qwen_startup.pth`` at the top of site-packages (setup.py writes it into the wheel and into an editable
 install; ``pip uninstall`` removes it with this file). Python's :mod:`site` runs its one line at every start: it
-puts on ``sys.meta_path`` a finder, defined in the line itself, that answers ``None`` for every name but
-``transformers``; unless ``GATED_QWEN_NO_STARTUP_HOOK`` is set (to anything but ``0``), which turns the hook off.
-A process that never looks transformers up pays for the compilation and run of that line and nothing else: no
-file is opened for it, this module is not imported (``scripts/bench_startup_hook.py`` measures it: about 1 ms of a
-start, results/startup_hook/).
+puts on ``sys.meta_path`` a finder, a lambda named ``gated_qwen_startup_hook`` defined in the line itself, that
+answers ``None`` for every name but ``transformers``. A process that never looks transformers up pays for that
+line and nothing else: no file is opened for it, this module is not imported (``scripts/bench_startup_hook.py``
+measures it beside the floors of any ``.pth`` hook, results/startup_hook/).
 
-When transformers is first looked up, the line's finder imports this module, or does nothing where it is gone (a
-half-uninstalled gated-qwen), and hands over to :func:`find_spec`: a :class:`RegisterAfterTransformers` takes its
-place, returns transformers' spec with a loader that runs transformers' own, then imports :mod:`gated_qwen`, whose
-post-import hooks (:mod:`gated_qwen.models.auto`) register the gated families as ``import gated_qwen`` would have:
-the process is where it would be had it run ``import gated_qwen`` first.
+When transformers is looked up, the line's finder imports this module, or does nothing where it is gone (a
+half-uninstalled gated-qwen, an editable install's deleted checkout), and asks :func:`find_spec`: it returns
+transformers' spec with a loader that runs transformers' own, then :func:`register`, which imports
+:mod:`gated_qwen`, whose post-import hooks (:mod:`gated_qwen.models.auto`) register the gated families as ``import
+gated_qwen`` would have: the process is where it would be had it run ``import gated_qwen`` first. A probe that
+does not import (``importlib.util.find_spec("transformers")``) gets the spec and triggers nothing; the finder stays
+for the import that follows. ``GATED_QWEN_NO_STARTUP_HOOK`` set to anything but ``0`` turns the hook off: it then
+registers nothing.
 
 A top-level module, not part of the ``gated_qwen`` package: importing a package's submodule runs the package's
 ``__init__``, which imports wrapt (and, through it, asyncio).
 """
 
+import os
 import sys
 
 
-# The module whose import triggers the registration, the variable that turns the hook off, and the class name of
-# the finder the .pth line defines (setup.py's STARTUP_LINE spells all three).
+# The module whose import triggers the registration, the variable that turns the hook off, and the name of the
+# finder the .pth line defines (setup.py's STARTUP_LINE spells all three).
 TRIGGER = "transformers"
 DISABLE_VARIABLE = "GATED_QWEN_NO_STARTUP_HOOK"
-PTH_FINDER = "GatedQwenStartupFinder"
+HOOK_NAME = "gated_qwen_startup_hook"
+
+_finding = False  # while find_spec asks the other finders itself
 
 
-class RegisterAfterTransformers:
-    """A ``sys.meta_path`` finder for ``transformers`` alone: hands back the spec the other finders find for it,
-    with a loader that runs transformers' own loader, then :func:`register`. Other names are left to the other
-    finders; a probe (``importlib.util.find_spec("transformers")``) gets the spec and triggers nothing."""
+def find_spec(fullname, path=None, target=None):
+    """Called by the .pth line's finder when transformers is looked up: the spec the other finders find for it,
+    with a :class:`RegisteringLoader`; ``None`` for any other name, while asking, or with the hook turned off."""
+    global _finding
+    if fullname != TRIGGER or _finding or os.environ.get(DISABLE_VARIABLE, "0") not in ("", "0"):
+        return None
+    from importlib.util import find_spec as find_with_other_finders
 
-    def __init__(self) -> None:
-        self.finding = False  # while it asks the other finders itself
-
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname != TRIGGER or self.finding:
-            return None
-        from importlib.util import find_spec
-
-        self.finding = True
-        try:
-            spec = find_spec(fullname)
-        finally:
-            self.finding = False
-        if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
-            spec.loader = RegisteringLoader(spec.loader)
-        return spec
+    _finding = True
+    try:
+        spec = find_with_other_finders(fullname)
+    finally:
+        _finding = False
+    if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
+        spec.loader = RegisteringLoader(spec.loader)
+    return spec
 
 
 class RegisteringLoader:
@@ -75,18 +75,14 @@ class RegisteringLoader:
 
 
 def register() -> None:
-    """Import :mod:`gated_qwen` (its post-import hook on transformers registers the gated families at once) and
-    leave ``sys.meta_path``. A gated_qwen half uninstalled is left alone; one that fails to import or register is
+    """Leave ``sys.meta_path`` and import :mod:`gated_qwen` (its post-import hook on transformers registers the
+    gated families at once). A gated_qwen that is gone is left alone; one that fails to import or register is
     reported in one warning naming gated-qwen and what to do, without breaking the import of transformers."""
-    sys.meta_path[:] = [
-        finder
-        for finder in sys.meta_path
-        if not isinstance(finder, RegisterAfterTransformers) and type(finder).__name__ != PTH_FINDER
-    ]
+    sys.meta_path[:] = [finder for finder in sys.meta_path if getattr(finder, "__qualname__", None) != HOOK_NAME]
     try:
         import gated_qwen  # noqa: F401
     except ModuleNotFoundError as error:
-        if error.name == "gated_qwen":  # uninstalled but for this file: nothing to register
+        if error.name == "gated_qwen":  # uninstalled but for the hook: nothing to register
             return
         warn(error)
     except Exception as error:  # never break `import transformers`: the process runs, without the gated models
@@ -102,12 +98,3 @@ def warn(error: BaseException) -> None:
         f"load in this process. Reinstall it (pip install --force-reinstall gated-qwen) or uninstall it "
         f"(pip uninstall gated-qwen); {DISABLE_VARIABLE}=1 turns this startup hook off."
     )
-
-
-def find_spec(fullname, path=None, target=None):
-    """Called by the .pth line's finder when transformers is looked up: a :class:`RegisterAfterTransformers` takes
-    that finder's place on ``sys.meta_path`` (so a probe that does not import leaves a finder for the import that
-    follows) and answers."""
-    finder = RegisterAfterTransformers()
-    sys.meta_path[:] = [finder if type(f).__name__ == PTH_FINDER else f for f in sys.meta_path]
-    return finder.find_spec(fullname, path, target)

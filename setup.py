@@ -13,16 +13,16 @@ from setuptools.command.build_py import build_py
 
 
 STARTUP_PTH = "gated_qwen_startup.pth"
-# site runs a .pth line that starts with "import" (gated_qwen_startup.py says what this one does), once per start
-# (some Pythons process site-packages twice: the finder goes in once). It defines the
-# finder in the line itself, so that a process that never looks transformers up opens no file for it; the module
-# is imported only when transformers is looked up, and only if it is still there (a half-uninstalled gated-qwen).
+# site runs a .pth line that starts with "import" (gated_qwen_startup.py says what this one does) at every start,
+# twice in a venv (site.venv adds site-packages, then site.main again: two finders, each harmless). The line defines
+# its finder, a lambda, itself: a process that never looks transformers up opens no file and imports nothing for it.
+# The module is imported only when transformers is looked up, and only if it is still there (a half-uninstalled
+# gated-qwen, an editable install's deleted checkout). Everything else, the switch GATED_QWEN_NO_STARTUP_HOOK
+# included, is in the module, so that the line stays what the finder needs.
 STARTUP_LINE = (
-    'import os, sys; os.environ.get("GATED_QWEN_NO_STARTUP_HOOK", "0") in ("", "0") and not any(type(f).__name__ '
-    '== "GatedQwenStartupFinder" for f in sys.meta_path) and sys.meta_path.insert(0, '
-    'type("GatedQwenStartupFinder", (), {"find_spec": staticmethod(lambda name, path=None, target=None: None '
-    'if name != "transformers" or __import__("importlib.util").util.find_spec("gated_qwen_startup") is None '
-    'else __import__("gated_qwen_startup").find_spec(name, path, target))})())\n'
+    'import sys; hook = lambda name, *args: __import__("gated_qwen_startup").find_spec(name, *args) if name == '
+    '"transformers" and __import__("importlib.util").util.find_spec("gated_qwen_startup") else None; '
+    'hook.find_spec = hook; hook.__qualname__ = "gated_qwen_startup_hook"; sys.meta_path.insert(0, hook)\n'
 )
 
 

@@ -1,17 +1,23 @@
 """What gated-qwen's startup hook costs a Python that never imports transformers: ``python -c pass`` with and without.
 
-    python scripts/bench_startup_hook.py                 # 500 rounds
-    python scripts/bench_startup_hook.py --rounds 1000 --print-only
+    python scripts/bench_startup_hook.py                 # 1000 rounds
+    python scripts/bench_startup_hook.py --rounds 200 --print-only
 
-Four venvs of this interpreter, made for the measurement (``--without-pip``, in a temporary folder): two bare, in
-folders of their own, holding one .pth file of another project (as environments do, see OTHER_PTH), one like them
-with the hook, and one without any .pth file (what the first .pth file of an environment costs). The hook is there
-as an installation leaves it at the top of site-packages (``gated_qwen_startup.pth``, the line setup.py writes, and ``gated_qwen_startup.py`` from this checkout,
-byte-compiled as pip does). Each round runs ``python -c pass`` in each, in an order shuffled per round, each a fresh
-process timed with ``time.perf_counter`` around ``subprocess.run`` (the first round is a warm-up, not counted). The
-two bare venvs give the noise floor: the difference between two arms that run the same thing. Differences of
-medians come with a 95% interval from resampling the rounds (bootstrap, 2000 resamples). Then, inside fresh
-processes, the hook's own cost: compiling and running its line as ``site`` does, once per process, in microseconds.
+Five venvs of this interpreter, made for the measurement (``--without-pip``, in a temporary folder), each holding
+one .pth file of another project (a comment line, as environments where pip installed anything hold one):
+
+- two bare, in folders of their own: the noise floor is the difference between these two arms, which run the
+  same thing;
+- one with the hook as an installation leaves it at the top of site-packages (``gated_qwen_startup.pth``, the line
+  setup.py writes, and ``gated_qwen_startup.py`` from this checkout, byte-compiled as pip does);
+- two floors: a .pth whose line is ``import sys`` (what any .pth line that runs code costs: site compiles and runs
+  it) and a .pth that imports an empty module, byte-compiled (the cheapest hook that runs code of its own from a
+  file). A hook written in Python has to compile or import its finder, so the second is where the hook can be at
+  best.
+
+Each round runs ``python -c pass`` in each, in an order shuffled per round, each a fresh process timed with
+``time.perf_counter`` around ``subprocess.run`` (the first round is a warm-up, not counted). Differences of medians
+come with a 95% interval from resampling the rounds (bootstrap, 2000 resamples).
 
 Writes ``results.json`` (every run's seconds, the machine and versions) and ``results.md`` into ``--results-dir``
 (default ``results/startup_hook``); ``--print-only`` writes nothing.
@@ -33,11 +39,15 @@ from pathlib import Path
 from _results import ROOT, describe, new_report, write_results
 
 
-ARMS = ("bare", "bare, another venv", "with the hook", "bare, no .pth file at all")
-# Every venv but the last holds one .pth file of another project (a comment line), as an environment where pip
-# installed anything does (setuptools' distutils-precedence.pth, an editable install's __editable__ .pth): the
-# hook's arm then measures its own line, the last one what the first .pth file of an environment costs.
-OTHER_PTH = "# another project's .pth\n"
+BARE, NOISE, HOOK, IMPORT_SYS, EMPTY_MODULE = ARMS = (
+    "bare",
+    "bare, another venv",
+    "with the hook",
+    "a .pth line `import sys`",
+    "a .pth importing an empty module",
+)
+OTHER_PTH = "# another project's .pth\n"  # in every venv: another project's .pth file, a comment line
+EMPTY_MODULE_NAME = "empty_startup_module"
 
 
 def startup_line() -> str:
@@ -50,19 +60,23 @@ def startup_line() -> str:
     )
 
 
-def make_venv(folder: Path, hooked: bool, other_pth: bool = True) -> Path:
-    """A venv without pip; with the hook at the top of its site-packages if ``hooked``, and another project's .pth
-    if ``other_pth``. Returns its python."""
+def make_venv(folder: Path, arm: str) -> Path:
+    """A venv without pip, with another project's .pth and what ``arm`` adds at the top of its site-packages.
+    Returns its python."""
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(folder)], check=True)
     site = Path(sysconfig.get_path("purelib", vars={"base": str(folder), "platbase": str(folder)}))
-    if other_pth:
-        (site / "another_project.pth").write_text(OTHER_PTH)
-    if hooked:
+    (site / "another_project.pth").write_text(OTHER_PTH)
+    if arm == HOOK:
         (site / "gated_qwen_startup.pth").write_text(startup_line())
         (site / "gated_qwen_startup.py").write_text((ROOT / "gated_qwen_startup.py").read_text())
-        # byte-compiled, as pip leaves an installed wheel's modules (PYTHONDONTWRITEBYTECODE would keep it from
-        # being written at the first run)
-        subprocess.run([str(folder / "bin" / "python"), "-m", "compileall", "-q", str(site)], check=True)
+    elif arm == IMPORT_SYS:
+        (site / "floor.pth").write_text("import sys\n")
+    elif arm == EMPTY_MODULE:
+        (site / "floor.pth").write_text(f"import {EMPTY_MODULE_NAME}\n")
+        (site / f"{EMPTY_MODULE_NAME}.py").write_text("")
+    # byte-compiled, as pip leaves an installed wheel's modules (PYTHONDONTWRITEBYTECODE would keep it from being
+    # written at the first run)
+    subprocess.run([str(folder / "bin" / "python"), "-m", "compileall", "-q", str(site)], check=True)
     return folder / "bin" / "python"
 
 
@@ -87,28 +101,6 @@ def median_difference(a: list[float], b: list[float], resamples: int = 2000) -> 
     }
 
 
-EXEC_LINE = """
-import sys, time
-line = open(sys.argv[1]).read()
-sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ != "GatedQwenStartupFinder"]
-start = time.perf_counter()
-exec(line, {})
-print(1e6 * (time.perf_counter() - start))
-"""
-
-
-def exec_line_microseconds(python: Path, processes: int = 41) -> list[float]:
-    """What site does with the hook's line (compile and run it), timed inside fresh processes of the hooked venv,
-    once each (the first compilation of a process, as at a start): microseconds, one per process."""
-    site = subprocess.run(
-        [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], capture_output=True, text=True
-    ).stdout.strip()
-    command = [str(python), "-c", EXEC_LINE, str(Path(site, "gated_qwen_startup.pth"))]
-    return [
-        float(subprocess.run(command, capture_output=True, text=True, check=True).stdout) for _ in range(processes)
-    ]
-
-
 def markdown_table(report: dict) -> str:
     lines = ["| `python -c pass` | median ms | 10th percentile ms | min ms | runs |", "|---|---|---|---|---|"]
     for arm in ARMS:
@@ -123,31 +115,18 @@ def markdown_table(report: dict) -> str:
     for name, difference in report["differences"].items():
         low, high = difference["ci95_ms"]
         lines.append(f"| {name} | {difference['ms']:+.2f} | {low:+.2f} to {high:+.2f} |")
-    return (
-        "\n".join(lines)
-        + "\n\nWhat the hook's line costs inside a process (compiled and run as `site` does, once in each of "
-        + f"{len(report['exec_line_microseconds'])} fresh processes, median): "
-        + f"{statistics.median(report['exec_line_microseconds']):.0f} µs. "
-        + "Rounds in shuffled order, each run a fresh process. "
-        + describe(report)
-        + "\n"
-    )
+    return "\n".join(lines) + "\n\nRounds in shuffled order, each run a fresh process. " + describe(report) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=500, help="timed rounds, each arm once (default 500)")
+    parser.add_argument("--rounds", type=int, default=1000, help="timed rounds, each arm once (default 1000)")
     parser.add_argument("--results-dir", default="results/startup_hook", help="where results.json/.md go")
     parser.add_argument("--print-only", action="store_true", help="print the tables, write no results")
     args = parser.parse_args(argv)
     report = new_report("startup_hook", rounds=args.rounds)  # the machine's load before the runs
     with tempfile.TemporaryDirectory() as folder:
-        pythons = {
-            "bare": make_venv(Path(folder, "bare"), hooked=False),
-            "bare, another venv": make_venv(Path(folder, "bare2"), hooked=False),
-            "with the hook": make_venv(Path(folder, "hooked"), hooked=True),
-            "bare, no .pth file at all": make_venv(Path(folder, "empty"), hooked=False, other_pth=False),
-        }
+        pythons = {arm: make_venv(Path(folder, f"venv{index}"), arm) for index, arm in enumerate(ARMS)}
         seconds = {arm: [] for arm in ARMS}
         order = list(ARMS)
         for round_index in range(args.rounds + 1):
@@ -156,17 +135,15 @@ def main(argv: list[str] | None = None) -> int:
             if round_index:
                 for arm in ARMS:
                     seconds[arm].append(timed[arm])
-        line_microseconds = exec_line_microseconds(pythons["with the hook"])
     report.update(
         seconds=seconds,
         differences={
-            "bare, another venv - bare (noise floor)": median_difference(
-                seconds["bare"], seconds["bare, another venv"]
-            ),
-            "with the hook - bare": median_difference(seconds["bare"], seconds["with the hook"]),
-            "bare - no .pth file at all": median_difference(seconds["bare, no .pth file at all"], seconds["bare"]),
+            f"{NOISE} - {BARE} (noise floor)": median_difference(seconds[BARE], seconds[NOISE]),
+            f"{HOOK} - {BARE}": median_difference(seconds[BARE], seconds[HOOK]),
+            f"{IMPORT_SYS} - {BARE}": median_difference(seconds[BARE], seconds[IMPORT_SYS]),
+            f"{EMPTY_MODULE} - {BARE}": median_difference(seconds[BARE], seconds[EMPTY_MODULE]),
+            f"{HOOK} - {EMPTY_MODULE}": median_difference(seconds[EMPTY_MODULE], seconds[HOOK]),
         },
-        exec_line_microseconds=line_microseconds,
     )
     table = markdown_table(report)
     print(table)

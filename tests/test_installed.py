@@ -68,11 +68,11 @@ def test_a_process_that_never_imports_transformers_imports_nothing_of_gated_qwen
     installed_startup_hook()
     result = run_fresh(
         "import sys; print(sorted(m for m in sys.modules if m.startswith(('gated_qwen', 'wrapt', 'torch'))))\n"
-        "print([type(finder).__name__ for finder in sys.meta_path].count('GatedQwenStartupFinder'))"
+        "print(any(getattr(finder, '__qualname__', None) == 'gated_qwen_startup_hook' for finder in sys.meta_path))"
     )
     assert result.returncode == 0 and result.stderr == "", result.stderr
-    # the hook's finder waits (once), and nothing is imported for it, its own module included
-    assert result.stdout.split("\n")[:2] == ["[]", "1"]
+    # the hook's finder waits, and nothing is imported for it, its own module included
+    assert result.stdout.split("\n")[:2] == ["[]", "True"]
 
 
 def test_a_probe_of_transformers_registers_nothing_and_the_import_after_it_does():

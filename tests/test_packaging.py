@@ -237,3 +237,36 @@ def test_a_half_uninstalled_or_broken_gated_qwen_never_breaks_a_process(venv_wit
     assert broken.returncode == 0 and broken.stdout.strip(), broken.stderr  # transformers still imports
     assert "gated-qwen is installed but could not register" in broken.stderr
     assert "RuntimeError: a broken install" in broken.stderr and "pip install --force-reinstall" in broken.stderr
+
+
+@pytest.mark.slow
+def test_an_editable_install_whose_checkout_is_deleted_leaves_every_start_quiet(tmp_path):
+    # pip install -e . from a checkout registers in a fresh process; the checkout deleted (the hook's module with
+    # it, setuptools' editable finder pointing at nothing), every start stays quiet.
+    import sysconfig
+
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    for name in ("pyproject.toml", "setup.py", "README.md", "gated_qwen_startup.py"):
+        shutil.copy(REPO / name, checkout / name)
+    shutil.copytree(REPO / "gated_qwen", checkout / "gated_qwen", ignore=shutil.ignore_patterns("__pycache__"))
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, capture_output=True)
+    python = venv / "bin" / "python"
+    site = Path(sysconfig.get_path("purelib", vars={"base": str(venv), "platbase": str(venv)}))
+    (site / "~test_environment.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    pip = [sys.executable, "-m", "pip", "--python", str(python), "-q"]
+    installed = subprocess.run(
+        [*pip, "install", "--no-deps", "--no-build-isolation", "-e", str(checkout)], capture_output=True, text=True
+    )
+    assert installed.returncode == 0, installed.stderr[-3000:]
+    assert (site / "gated_qwen_startup.pth").read_text() == startup_line()
+    registered = run_in(
+        python, "from transformers import AutoConfig; print(AutoConfig.for_model('qwen3_gated'))", tmp_path
+    )
+    assert registered.returncode == 0 and "Qwen3GatedConfig" in registered.stdout, registered.stderr[-3000:]
+
+    shutil.rmtree(checkout)
+    for code in ("pass", "import transformers"):
+        result = run_in(python, code, tmp_path)
+        assert result.returncode == 0 and result.stderr == "", result.stderr
