@@ -641,14 +641,14 @@ def provenance_line(rows: dict[str, dict], seeds: list[int], check: dict | None)
     return "\n\n".join(lines)
 
 
-def train_all(args, arms: list[str], reusable: dict) -> tuple[dict, Path | None]:
-    """Train every run that is not reused (the baseline's first seed always when anything trains: its tokenizer
-    is every run's); the summaries, and the tokenizer folder (None when nothing trains)."""
+def train_all(args, arms: list[str], reusable: dict) -> tuple[dict, Path]:
+    """Train every run that is not reused, and the baseline's first seed always: its tokenizer is every run's, and
+    where runs are reused, its figures measured again are the check that the recording still reproduces (so a
+    table regenerated from a recording alone still carries that check). The summaries, and the tokenizer
+    folder."""
     first = ("baseline", args.seeds[0])
     keys = [(arm, seed) for arm in arms for seed in args.seeds] + [(arm, "high_lr") for arm in arms]
     pending = [key for key in keys if key not in reusable and not (args.train_only and key[1] == "high_lr")]
-    if not pending:
-        return {}, None
     tokenizer_folder = run_folder(args.runs, "baseline", f"seed{args.seeds[0]}") / "tokenizer"
     summaries = {}
     for arm, seed in [first, *[key for key in pending if key != first]]:
@@ -660,14 +660,12 @@ def train_all(args, arms: list[str], reusable: dict) -> tuple[dict, Path | None]
     return summaries, tokenizer_folder
 
 
-def measure_all(args, arms: list[str], reusable: dict, summaries: dict, tokenizer_folder: Path | None):
+def measure_all(args, arms: list[str], reusable: dict, summaries: dict, tokenizer_folder: Path):
     """The rows of the table (reused or measured here) and the reproduction check of the baseline's first seed
-    (None unless it was both reused and trained again)."""
-    stream = None
-    if tokenizer_folder is not None:
-        from transformers import AutoTokenizer
+    (None where it is not reused: measured here for the first time)."""
+    from transformers import AutoTokenizer
 
-        stream = heldout_stream(AutoTokenizer.from_pretrained(tokenizer_folder), args.corpus)
+    stream = heldout_stream(AutoTokenizer.from_pretrained(tokenizer_folder), args.corpus)
     rows: dict[str, dict] = {}
     check = None
     for arm in arms:

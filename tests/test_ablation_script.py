@@ -184,6 +184,25 @@ def test_reuse_takes_a_run_only_where_everything_that_decides_it_is_identical(tm
     assert ("G1 headwise", 0) not in run_ablation.reusable_runs(_recording(tmp_path)[1], args)
 
 
+def test_the_baseline_first_seed_is_trained_again_even_when_every_run_is_reused(tmp_path, monkeypatch):
+    # A table regenerated from a recording alone still carries the check that the recording reproduces.
+    trained = []
+    monkeypatch.setattr(run_ablation, "train", lambda args, arm, run, *rest: trained.append((arm, run)) or {})
+    args = run_ablation.parse_args(["--arms", "baseline,G1 headwise", "--seeds", "0,1", "--runs", str(tmp_path)])
+    arms = ["baseline", "G1 headwise"]
+    everything = {(arm, run): {} for arm in arms for run in (0, 1, "high_lr")}
+    run_ablation.train_all(args, arms, everything)
+    assert trained == [("baseline", "seed0")]
+    trained.clear()
+    run_ablation.train_all(args, arms, {key: row for key, row in everything.items() if key[0] == "baseline"})
+    assert trained == [
+        ("baseline", "seed0"),
+        ("G1 headwise", "seed0"),
+        ("G1 headwise", "seed1"),
+        ("G1 headwise", "high_lr"),
+    ]
+
+
 def test_the_check_compares_every_figure_to_the_last_digit():
     recorded = {"heldout_loss": 3.61109170151394, "ppl_2x": 42.1, "elapsed_s": 40.4, "recorded": {"utc": "x"}}
     check = run_ablation.check_reproduction(
