@@ -29,7 +29,7 @@ from ..models.qwen3_gated.configuration_qwen3_gated import (
 )
 from ..models.qwen3_moe_gated.configuration_qwen3_moe_gated import Qwen3MoeGatedConfig
 from .vllm_plugin import (
-    check_no_lora,
+    check_serving_options,
     check_tensor_parallel_size,
     q_proj_rows_by_rank,
     serves_natively,
@@ -156,7 +156,8 @@ def add_gates(model: nn.Module, config: GatedAttentionConfigMixin, quant_config)
 def read_as_gated(vllm_config: VllmConfig, config_class: type = Qwen3GatedConfig) -> GatedAttentionConfigMixin:
     """The config vLLM read, as gated-qwen's (a released arm is read by vLLM as Qwen2 or Qwen3), put back in place.
 
-    Refuses a tensor-parallel size that would cut a kv group, and LoRA (the front end refuses both first).
+    Refuses a tensor-parallel size that would cut a kv group, LoRA and a quantized checkpoint (the front end refuses
+    them first).
     """
     model_config = vllm_config.model_config
     if not isinstance(model_config.hf_config, config_class):
@@ -168,7 +169,7 @@ def read_as_gated(vllm_config: VllmConfig, config_class: type = Qwen3GatedConfig
     check_tensor_parallel_size(
         model_config.hf_config.num_key_value_heads, vllm_config.parallel_config.tensor_parallel_size
     )
-    check_no_lora(vllm_config)
+    check_serving_options(vllm_config)
     return model_config.hf_config
 
 

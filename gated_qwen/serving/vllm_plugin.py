@@ -95,7 +95,7 @@ def check_served_checkpoint(vllm_config) -> None:
     the load): :class:`~gated_qwen.errors.CheckpointError` where the config does not describe the weights
     or its values make no model or its gate is not the released one (docs/design-space.md: the other variants are
     refused before any worker starts), ValueError where the tensor-parallel size does not divide the kv heads or
-    LoRA is enabled (:func:`check_no_lora`).
+    LoRA is enabled or the checkpoint is quantized (:func:`check_serving_options`).
     """
     from ..checkpoint import (
         check_weights_match_config,
@@ -119,7 +119,7 @@ def check_served_checkpoint(vllm_config) -> None:
         raise CheckpointError(unserved_variant_message(config, model_config.model))
     if gated:  # vLLM's own Qwen3 replicates kv heads as it does for any model
         check_tensor_parallel_size(config.num_key_value_heads, vllm_config.parallel_config.tensor_parallel_size)
-        check_no_lora(vllm_config)
+        check_serving_options(vllm_config)
     if str(getattr(vllm_config.load_config, "load_format", "")) == "dummy":
         return  # no weights are read: random ones of the config's own shapes
     # A stock Qwen3 config is checked too (as gate "none"): a gated arm whose config lost its gate keys would
@@ -172,27 +172,40 @@ def unserved_variant_message(config, source) -> str:
     )
 
 
-def check_no_lora(vllm_config) -> None:
-    """Refuse LoRA (``enable_lora``) for a model of the native gated classes, in one line naming the way that works.
+def check_serving_options(vllm_config) -> None:
+    """Refuse, for a model of the native gated classes, what they do not serve right, in one line naming what to do.
 
-    vLLM's LoRA layers take a fused q/k/v projection only when it is exactly vLLM's ``QKVParallelLinear``; the
-    gated one (:class:`~gated_qwen.serving.vllm_models.GatedQKVParallelLinear`, whose query shard also holds the
-    gate rows) is left without its adapter, so an adapter on q/k/v would be served wrongly without a word.
-    Merged into the weights (PEFT's ``merge_and_unload``), the same adapter is served exactly.
+    - LoRA (``enable_lora``): vLLM's LoRA layers take a fused q/k/v projection only when it is exactly vLLM's
+      ``QKVParallelLinear``; the gated one (:class:`~gated_qwen.serving.vllm_models.GatedQKVParallelLinear`, whose
+      query shard also holds the gate rows) would be left without its adapter, and the adapter served wrongly
+      without a word. Merged into the weights (PEFT's ``merge_and_unload``), the same adapter is served exactly.
+    - A pre-quantized checkpoint (its config has a ``quantization_config``): the gated projection reorders the
+      query and gate rows of unquantized weights at load; a quantized layout (packed rows, per-shard scales) is
+      not checked to come out in that order.
 
     >>> from types import SimpleNamespace
-    >>> check_no_lora(SimpleNamespace(lora_config=None, model_config=SimpleNamespace(model="ckpt")))
-    >>> check_no_lora(SimpleNamespace(lora_config=object(), model_config=SimpleNamespace(model="ckpt")))
+    >>> model_config = SimpleNamespace(model="ckpt", hf_config=SimpleNamespace())
+    >>> check_serving_options(SimpleNamespace(lora_config=None, model_config=model_config))
+    >>> check_serving_options(SimpleNamespace(lora_config=object(), model_config=model_config))
     Traceback (most recent call last):
     ...
     ValueError: ckpt: vLLM's LoRA layers do not apply an adapter to gated-qwen's attention (its q_proj also holds the gate's rows), so it would be served wrongly; merge the adapter into the model (PEFT's merge_and_unload(), then save_pretrained) and serve the merged checkpoint without enable_lora
     """
+    source = vllm_config.model_config.model
     if getattr(vllm_config, "lora_config", None) is not None:
         raise ValueError(
-            f"{vllm_config.model_config.model}: vLLM's LoRA layers do not apply an adapter to gated-qwen's attention "
-            "(its q_proj also holds the gate's rows), so it would be served wrongly; merge the adapter into the "
-            "model (PEFT's merge_and_unload(), then save_pretrained) and serve the merged checkpoint without "
-            "enable_lora"
+            f"{source}: vLLM's LoRA layers do not apply an adapter to gated-qwen's attention (its q_proj also holds "
+            "the gate's rows), so it would be served wrongly; merge the adapter into the model (PEFT's "
+            "merge_and_unload(), then save_pretrained) and serve the merged checkpoint without enable_lora"
+        )
+    quantization = getattr(vllm_config.model_config.hf_config, "quantization_config", None)
+    if quantization is not None:
+        method = quantization.get("quant_method", "?") if isinstance(quantization, dict) else type(quantization)
+        raise ValueError(
+            f"{source}: gated-qwen's vLLM plugin serves unquantized checkpoints; this one is quantized "
+            f"({method}), and the gated q_proj's rows are not checked to load in order from a quantized layout; "
+            "serve the unquantized checkpoint (or generate with transformers, which loads quantized gated "
+            "checkpoints: docs/loading.md)"
         )
 
 

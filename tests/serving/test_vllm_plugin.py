@@ -268,6 +268,10 @@ def test_a_gate_other_than_the_released_one_is_refused_in_the_front_end(tmp_path
 
     sizes = {"num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 32, "head_dim": 8}
     check_served_checkpoint(front_end(Qwen3GatedConfig(**sizes, gate_type="headwise")))  # the released gate
+    # a quantized checkpoint of it: its q_proj rows are not checked to load in order from a quantized layout
+    quantized = Qwen3GatedConfig(**sizes, gate_type="headwise", quantization_config={"quant_method": "awq"})
+    with pytest.raises(ValueError, match=r"serves unquantized checkpoints; this one is quantized \(awq\)"):
+        check_served_checkpoint(front_end(quantized))
     with pytest.raises(CheckpointError, match="not this headwise silu additive gate at sdpa_output") as error:
         check_served_checkpoint(
             front_end(
@@ -329,6 +333,12 @@ def test_the_native_classes_refuse_a_variant_where_vllm_builds_them():
         assert read_as_gated(vllm_config, config_class) is released
         vllm_config.lora_config = object()  # LoRA, enabled by a caller that skipped the front end
         with pytest.raises(ValueError, match="^ckpt: vLLM's LoRA layers do not apply an adapter"):
+            read_as_gated(vllm_config, config_class)
+        vllm_config.lora_config = None
+        model_config.hf_config = config_class(
+            **sizes, gate_type="headwise", quantization_config={"quant_method": "gptq"}
+        )
+        with pytest.raises(ValueError, match=r"^ckpt: gated-qwen's vLLM plugin serves unquantized .* \(gptq\)"):
             read_as_gated(vllm_config, config_class)
 
 
