@@ -12,8 +12,8 @@ one .pth file of another project (a comment line, as environments where pip inst
   setup.py writes, and ``gated_qwen_startup.py`` from this checkout, byte-compiled as pip does);
 - two floors: a .pth whose line is ``import sys`` (what any .pth line that runs code costs: site compiles and runs
   it) and a .pth that imports an empty module, byte-compiled (the cheapest hook that runs code of its own from a
-  file). A hook written in Python has to compile or import its finder, so the second is where the hook can be at
-  best.
+  file). A hook written in Python has to compile or import its finder: the second is the least a hook that
+  imports it from a module of its own can cost; gated-qwen's line defines it itself, and pays for compiling it.
 
 Each round runs ``python -c pass`` in each, in an order shuffled per round, each a fresh process timed with
 ``time.perf_counter`` around ``subprocess.run`` (the first round is a warm-up, not counted). Differences of medians
