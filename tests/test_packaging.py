@@ -162,20 +162,26 @@ def test_the_wheel_carries_the_startup_hook_and_its_record(wheel):
     assert {"gated_qwen_startup.pth", "gated_qwen_startup.py"} <= recorded  # so pip uninstall removes them
 
 
-@pytest.fixture
-def venv_with_wheel(wheel, tmp_path) -> tuple[Path, Path]:
-    """A venv with the wheel installed by pip; returns (its python, its site-packages)."""
+def venv_installing(venv: Path, *pip_install: str) -> tuple[Path, Path]:
+    """A venv at ``venv`` into which pip installs ``pip_install`` (``--no-deps``: the test environment's packages
+    are reached through a path line); returns (its python, its site-packages)."""
     import sysconfig
 
-    venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, capture_output=True)
     python = venv / "bin" / "python"
     site = Path(sysconfig.get_path("purelib", vars={"base": str(venv), "platbase": str(venv)}))
     # the test environment's packages, after the venv's own ('~' sorts after gated_qwen_startup.pth)
     (site / "~test_environment.pth").write_text(sysconfig.get_path("purelib") + "\n")
-    pip = [sys.executable, "-m", "pip", "--python", str(python), "-q"]
-    subprocess.run([*pip, "install", "--no-deps", str(wheel)], check=True, capture_output=True, text=True)
+    pip = [sys.executable, "-m", "pip", "--python", str(python), "-q", "install", "--no-deps"]
+    installed = subprocess.run([*pip, *pip_install], capture_output=True, text=True)
+    assert installed.returncode == 0, installed.stderr[-3000:]
     return python, site
+
+
+@pytest.fixture
+def venv_with_wheel(wheel, tmp_path) -> tuple[Path, Path]:
+    """A venv with the wheel installed by pip; returns (its python, its site-packages)."""
+    return venv_installing(tmp_path / "venv", str(wheel))
 
 
 def run_in(python: Path, code: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -243,23 +249,12 @@ def test_a_half_uninstalled_or_broken_gated_qwen_never_breaks_a_process(venv_wit
 def test_an_editable_install_whose_checkout_is_deleted_leaves_every_start_quiet(tmp_path):
     # pip install -e . from a checkout registers in a fresh process; the checkout deleted (the hook's module with
     # it, setuptools' editable finder pointing at nothing), every start stays quiet.
-    import sysconfig
-
     checkout = tmp_path / "checkout"
     checkout.mkdir()
     for name in ("pyproject.toml", "setup.py", "README.md", "gated_qwen_startup.py"):
         shutil.copy(REPO / name, checkout / name)
     shutil.copytree(REPO / "gated_qwen", checkout / "gated_qwen", ignore=shutil.ignore_patterns("__pycache__"))
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, capture_output=True)
-    python = venv / "bin" / "python"
-    site = Path(sysconfig.get_path("purelib", vars={"base": str(venv), "platbase": str(venv)}))
-    (site / "~test_environment.pth").write_text(sysconfig.get_path("purelib") + "\n")
-    pip = [sys.executable, "-m", "pip", "--python", str(python), "-q"]
-    installed = subprocess.run(
-        [*pip, "install", "--no-deps", "--no-build-isolation", "-e", str(checkout)], capture_output=True, text=True
-    )
-    assert installed.returncode == 0, installed.stderr[-3000:]
+    python, site = venv_installing(tmp_path / "venv", "--no-build-isolation", "-e", str(checkout))
     assert (site / "gated_qwen_startup.pth").read_text() == startup_line()
     registered = run_in(
         python, "from transformers import AutoConfig; print(AutoConfig.for_model('qwen3_gated'))", tmp_path

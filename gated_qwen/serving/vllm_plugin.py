@@ -200,7 +200,9 @@ def check_serving_options(vllm_config) -> None:
         )
     quantization = getattr(vllm_config.model_config.hf_config, "quantization_config", None)
     if quantization is not None:
-        method = quantization.get("quant_method", "?") if isinstance(quantization, dict) else type(quantization)
+        method = (
+            quantization.get("quant_method", "?") if isinstance(quantization, dict) else type(quantization).__name__
+        )
         raise ValueError(
             f"{source}: gated-qwen's vLLM plugin serves unquantized checkpoints; this one is quantized "
             f"({method}), and the gated q_proj's rows are not checked to load in order from a quantized layout; "
